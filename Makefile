@@ -1,0 +1,29 @@
+# Two commands for a fresh machine: `make repro` and `make test`.
+PY ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+# torch/torchvision pinned to the builds this machine serves from disk (a plain
+# `torch` would download GBs); override on a GPU node: make TORCH_PINS=
+TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
+
+.PHONY: venv repro test bench clean
+
+$(BIN)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/pip install -q $(TORCH_PINS)
+	$(BIN)/pip install -q -e '.[test]'
+	touch $@
+
+venv: $(BIN)/.installed
+
+repro: venv
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro
+
+test: venv
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q
+
+bench: venv
+	$(BIN)/pipeline bench
+
+clean:
+	rm -rf data/cache data/demo models predictions metrics dvclive

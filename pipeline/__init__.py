@@ -1,0 +1,3 @@
+"""Facial-keypoint competition pipeline."""
+
+__version__ = "0.1.0"

@@ -1,0 +1,203 @@
+"""Configuration: defaults, then the params file, then `--set key=value` overrides.
+
+Every stage reads only its own sections of `params.yaml` (as DVC's example-get-started
+does) and writes the resolved values beside its outputs. Unknown keys and values of the
+wrong type are rejected with the file and key named, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from pipeline.errors import PipelineError
+from pipeline.io import write_text
+
+# Each leaf's default also fixes its type: an int default accepts ints, a float default
+# accepts ints and floats, a bool default only booleans. Leaves whose default is None
+# declare their type in NULLABLE; leaves listed in FREE_FORM are dicts checked by the
+# code that reads them (a custom schema, preset options).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "data": {
+        "dir": None,  # dataset folder holding the two XMLs; null = embedded demo set
+        "train_xml": "labels_ibug_300W_train.xml",  # relative to data.dir
+        "test_xml": "labels_ibug_300W_test_parsed.xml",  # relative to data.dir
+        "solution": "solution.csv",  # truth of the test set, scored when present
+        "schema": "ibug68",  # keypoint layout: ibug68 | nose1 | custom
+        "custom_schema": None,  # with schema: custom -> {names, flip, eyes}
+    },
+    "demo": {
+        "n_train": 400,  # synthetic training faces
+        "n_test": 60,  # synthetic test faces (truth goes to solution.csv)
+        "seed": 0,  # same seed -> byte-identical XML and CSV
+    },
+    "crop": {
+        "expand": 1.25,  # box side is scaled by this before the square crop
+        "size": 96,  # cached face side in pixels (uint8, N x size x size x 3)
+        "n_jobs": 2,  # joblib workers
+    },
+    "folds": {
+        "k": 5,  # number of folds
+        "seed": 0,  # shuffling of photo groups
+        "train": [0, 1, 2, 3, 4],  # folds that get a train stage in dvc.yaml (each < k)
+    },
+    "model": {
+        "preset": "resunet-tiny",  # registry name, see `pipeline models`
+        "input_size": 96,  # network input side in pixels
+        "in_chans": 3,  # 3 = colour, 1 = grayscale
+        "options": {},  # preset keyword overrides (width, blurpool, act, ...)
+    },
+    "train": {
+        "epochs": 12,
+        "batch_size": 32,
+        "optimizer": "adamw",  # adamw | sgd
+        "lr": 1.0e-3,  # peak learning rate after warm-up
+        "momentum": 0.9,  # SGD momentum / AdamW beta1
+        "weight_decay": 1.0e-5,
+        "warmup_epochs": 1.0,  # linear warm-up length; then cosine decay to 0
+        "loss": "l1",  # l1 | l2 | mse | euclidean
+        "structure_lambda": 0.2,  # weight of the structure loss (0 disables)
+        "scale_min": 0.75,  # random resize range
+        "scale_max": 1.3333333,
+        "flip": 0.5,  # horizontal flip probability (indices remapped by the schema)
+        "randaug_n": 2,  # RandAugment number of ops (0 disables)
+        "randaug_m": 7,  # RandAugment magnitude (0..30)
+        "amp": "auto",  # auto (CUDA only) | off | bf16 | fp16
+        "channels_last": "auto",  # auto (CUDA only) | on | off
+        "device": "auto",  # auto | cpu | cuda | cuda:N
+        "num_workers": 0,  # loader worker processes (0 = main process)
+        "seed": 0,
+        "grad_clip": 0.0,  # max grad norm, 0 = off
+    },
+    "predict": {
+        "tta": "flip",  # none | flip
+        "batch_size": 64,
+        "device": "auto",
+        "checkpoint": "best.pt",  # which file of models/fold{K}/
+    },
+    "submit": {
+        "name": "submission",  # submissions/<name>.csv
+    },
+}
+
+NULLABLE: dict[str, tuple[type, ...]] = {
+    "data.dir": (str,),
+    "data.custom_schema": (dict,),
+}
+FREE_FORM = {"model.options", "data.custom_schema"}
+
+
+def _type_ok(key: str, default: Any, value: Any) -> bool:
+    if key in NULLABLE:
+        return value is None or isinstance(value, NULLABLE[key])
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, type(default))
+
+
+def _type_name(key: str, default: Any) -> str:
+    if key in NULLABLE:
+        return " or ".join(t.__name__ for t in NULLABLE[key]) + " or null"
+    return {bool: "bool", int: "int", float: "number", str: "string", dict: "mapping",
+            list: "list"}.get(type(default), type(default).__name__)
+
+
+def _merge(base: dict, update: dict, source: str, prefix: str = "") -> None:
+    """Merge `update` into `base` in place, rejecting unknown keys and wrong types."""
+    if not isinstance(update, dict):
+        raise PipelineError(source, f"'{prefix.rstrip('.') or 'top level'}' must be a mapping")
+    for key, value in update.items():
+        full = f"{prefix}{key}"
+        if key not in base:
+            raise PipelineError(source, f"unknown key '{full}'")
+        default = base[key]
+        if full in FREE_FORM:
+            if value is not None and not isinstance(value, dict):
+                raise PipelineError(source, f"'{full}' must be a mapping, got {value!r}")
+            base[key] = copy.deepcopy(value) if value is not None else ({} if default == {} else None)
+        elif isinstance(default, dict) and full not in NULLABLE:
+            _merge(default, value, source, full + ".")
+        elif not _type_ok(full, DEFAULTS_FLAT.get(full, default), value):
+            raise PipelineError(
+                source, f"'{full}' must be {_type_name(full, DEFAULTS_FLAT.get(full, default))}, got {value!r}")
+        else:
+            base[key] = float(value) if isinstance(DEFAULTS_FLAT.get(full), float) else value
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and f"{prefix}{k}" not in FREE_FORM and v:
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+DEFAULTS_FLAT = _flatten(DEFAULTS)
+
+
+def parse_override(text: str) -> dict:
+    """'train.lr=0.1' -> {'train': {'lr': 0.1}}; the value is parsed as YAML."""
+    if "=" not in text:
+        raise PipelineError("--set", f"expected key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise PipelineError("--set", f"cannot parse value of '{key}': {e.problem}") from None
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads '1e30' as a string; on the command line it means a number
+            value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "+inf") else value
+        except ValueError:
+            pass
+    node: dict = {}
+    cur = node
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        cur[p] = {}
+        cur = cur[p]
+    cur[parts[-1]] = value
+    return node
+
+
+def load_config(params: str | os.PathLike | None = "params.yaml",
+                overrides: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
+    """Defaults, then `params` (a missing default params.yaml means defaults), then overrides."""
+    cfg = copy.deepcopy(DEFAULTS)
+    if params is not None:
+        path = Path(params)
+        if path.exists():
+            if path.is_dir():
+                raise PipelineError(path, "is a directory, expected a params YAML file")
+            try:
+                loaded = yaml.safe_load(path.read_text())
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                line = f" (line {mark.line + 1})" if mark else ""
+                raise PipelineError(path, f"invalid YAML{line}: {getattr(e, 'problem', e)}") from None
+            except UnicodeDecodeError:
+                raise PipelineError(path, "not a text file") from None
+            if loaded is not None:
+                _merge(cfg, loaded, str(path))
+        elif str(params) != "params.yaml":
+            raise PipelineError(path, "params file not found")
+    for text in overrides:
+        _merge(cfg, parse_override(text), f"--set {text}")
+    return cfg
+
+
+def write_resolved(cfg: dict, out_dir: str | os.PathLike, sections: Iterable[str],
+                   name: str = "params.resolved.yaml") -> Path:
+    """Write the sections a stage used beside its outputs, so a result names its config."""
+    out = Path(out_dir) / name
+    write_text(out, yaml.safe_dump({s: cfg[s] for s in sections}, sort_keys=False))
+    return out

@@ -1,0 +1,209 @@
+"""Readers for the competition's annotation files.
+
+dlib/imglab XML (`labels_ibug_300W_train.xml`: <image file> / <box top left width height>
+/ <part name x y>; `labels_ibug_300W_test_parsed.xml`: boxes only) and `.pts` folders.
+Image paths are relative to the annotation file's folder and may not leave it."""
+
+from __future__ import annotations
+
+import math
+import os
+import re
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+import cv2
+import numpy as np
+
+from pipeline.errors import PipelineError
+from pipeline.schema import KeypointSchema
+
+
+@dataclass
+class Face:
+    image: str  # image path relative to the dataset folder, as written in the XML
+    box: tuple[float, float, float, float]  # left, top, width, height (original pixels)
+    keypoints: np.ndarray | None  # (K, 2) float64 original pixels, None when unlabelled
+    face_id: str  # unique: image path without extension, '#j' for the j-th box of an image
+    group: str  # photo id: faces of one photo share it and stay in one fold
+
+
+def photo_group(image: str) -> str:
+    """'afw/1130084326_2.jpg' -> 'afw/1130084326': 300-W names faces of one photo <photo>_<n>."""
+    p = PurePosixPath(image)
+    return str(p.parent / re.sub(r"_\d+$", "", p.stem))
+
+
+def safe_image_path(root: Path, rel: str, source: str | os.PathLike) -> Path:
+    """root/rel, refusing absolute paths and '..' that would leave the dataset folder."""
+    if not rel:
+        raise PipelineError(source, "image with an empty file attribute")
+    p = PurePosixPath(rel.replace("\\", "/"))
+    if p.is_absolute() or re.match(r"^[A-Za-z]:", rel) or ".." in p.parts:
+        raise PipelineError(source, f"image path '{rel}' leaves the dataset folder (absolute or '..')")
+    return root / Path(*p.parts)
+
+
+def _number(value: str | None, source, where: str, attr: str) -> float:
+    try:
+        v = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        raise PipelineError(source, f"{attr}={value!r} is not a number", where) from None
+    if not math.isfinite(v):
+        raise PipelineError(source, f"{attr}={value!r} is not finite", where)
+    return v
+
+
+def _select(points: np.ndarray, schema: KeypointSchema, source, where: str) -> np.ndarray:
+    """The schema's points out of what the file holds (all of them, or a subset such as
+    nose1's index 30 of 68)."""
+    n = len(points)
+    if n == schema.k:
+        return points
+    if schema.source_indices is not None and n == schema.source_k:
+        return points[list(schema.source_indices)]
+    expected = f"{schema.k}" + (f" or {schema.source_k}" if schema.source_k else "")
+    raise PipelineError(source, f"{n} parts, schema '{schema.name}' expects {expected}", where)
+
+
+def load_xml(path: str | os.PathLike, schema: KeypointSchema, require_parts: bool | None = None) -> list[Face]:
+    """Faces of an imglab XML. require_parts: True = every box must have parts, False =
+    parts are ignored (test file), None = all boxes have parts or none do."""
+    path = Path(path)
+    if not path.exists():
+        raise PipelineError(path, "annotation file not found")
+    if path.is_dir():
+        raise PipelineError(path, "is a directory, expected an imglab XML file")
+    try:
+        root = ET.parse(path).getroot()
+    except ET.ParseError as e:
+        raise PipelineError(path, f"malformed XML ({e})") from None
+    images = root.find("images")
+    if images is None:
+        raise PipelineError(path, "no <images> element (not an imglab dataset file)")
+    folder = path.parent
+    faces: list[Face] = []
+    seen_ids: set[str] = set()
+    for image in images.findall("image"):
+        rel = image.get("file", "")
+        img_path = safe_image_path(folder, rel, path)
+        if not img_path.exists():
+            raise PipelineError(path, f"image file not found: {img_path}", f"image {rel}")
+        if img_path.is_dir():
+            raise PipelineError(path, f"is a directory, not an image: {img_path}", f"image {rel}")
+        boxes = image.findall("box")
+        for j, box in enumerate(boxes):
+            where = f"image {rel} box {j}"
+            left, top, width, height = (_number(box.get(a), path, where, a)
+                                        for a in ("left", "top", "width", "height"))
+            if width <= 0 or height <= 0:
+                raise PipelineError(path, f"box has non-positive size {width:g}x{height:g}", where)
+            parts = box.findall("part")
+            kp = None
+            if parts and require_parts is not False:
+                names = [p.get("name", "") for p in parts]
+                if len(set(names)) != len(names):
+                    dup = sorted({n for n in names if names.count(n) > 1})[0]
+                    raise PipelineError(path, f"duplicate part name '{dup}'", where)
+                pts = []
+                for p in parts:
+                    pw = f"{where} part {p.get('name')}"
+                    pts.append((_number(p.get("x"), path, pw, "x"), _number(p.get("y"), path, pw, "y")))
+                try:
+                    order = np.argsort([int(n) for n in names], kind="stable")
+                except ValueError:
+                    order = np.arange(len(names))  # non-numeric names: keep file order
+                kp = _select(np.asarray(pts, dtype=np.float64)[order], schema, path, where)
+            elif require_parts:
+                raise PipelineError(path, "box has no <part> elements", where)
+            stem = str(PurePosixPath(rel).with_suffix(""))
+            face_id = stem if len(boxes) == 1 else f"{stem}#{j}"
+            if face_id in seen_ids:
+                face_id = f"{stem}#{j}@{len(faces)}"  # the same image listed twice
+            seen_ids.add(face_id)
+            faces.append(Face(rel, (left, top, width, height), kp, face_id, photo_group(rel)))
+    if not faces:
+        raise PipelineError(path, "no faces (<image><box>) in the file")
+    labelled = [f.keypoints is not None for f in faces]
+    if require_parts is None and any(labelled) and not all(labelled):
+        missing = faces[labelled.index(False)]
+        raise PipelineError(path, "some boxes have parts and some do not", f"image {missing.image}")
+    return faces
+
+
+_PTS_NUMBER = re.compile(r"^[-+0-9.eE]+$")
+
+
+def read_pts(path: Path) -> np.ndarray:
+    """`.pts`: 'version: 1 / n_points: N / { x y ... }', or bare 'x y' lines."""
+    try:
+        lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
+    except UnicodeDecodeError:
+        raise PipelineError(path, "not a text .pts file") from None
+    pts, declared = [], None
+    for i, ln in enumerate(lines, 1):
+        if ln.lower().startswith("n_points"):
+            declared = int(_number(ln.split(":", 1)[1].strip(), path, f"line {i}", "n_points"))
+            continue
+        if ln.lower().startswith("version") or ln in "{}":
+            continue
+        fields = ln.split()
+        if len(fields) != 2:
+            raise PipelineError(path, f"expected 'x y', got {ln!r}", f"line {i}")
+        pts.append((_number(fields[0], path, f"line {i}", "x"), _number(fields[1], path, f"line {i}", "y")))
+    if declared is not None and declared != len(pts):
+        raise PipelineError(path, f"n_points says {declared} but {len(pts)} points follow")
+    if not pts:
+        raise PipelineError(path, "no points")
+    return np.asarray(pts, dtype=np.float64)
+
+
+def load_pts_dir(folder: str | os.PathLike, schema: KeypointSchema) -> list[Face]:
+    """One face per `<name>.pts`, image `<name>.jpg|.png` beside it, box = keypoint extent."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise PipelineError(folder, "not a folder of .pts files")
+    faces = []
+    for pts_path in sorted(folder.rglob("*.pts")):
+        rel_stem = pts_path.relative_to(folder).with_suffix("")
+        img = next((pts_path.with_suffix(e) for e in (".jpg", ".jpeg", ".png", ".JPG", ".PNG")
+                    if pts_path.with_suffix(e).exists()), None)
+        if img is None:
+            raise PipelineError(pts_path, "no image beside it (.jpg or .png with the same name)")
+        kp = _select(read_pts(pts_path), schema, pts_path, "points")
+        x0, y0 = kp.min(0)
+        x1, y1 = kp.max(0)
+        rel = str(PurePosixPath(*img.relative_to(folder).parts))
+        faces.append(Face(rel, (x0, y0, max(x1 - x0, 1.0), max(y1 - y0, 1.0)), kp,
+                          str(PurePosixPath(*rel_stem.parts)), photo_group(rel)))
+    if not faces:
+        raise PipelineError(folder, "no .pts files")
+    return faces
+
+
+def read_image(path: str | os.PathLike) -> np.ndarray:
+    """(H, W, 3) uint8 RGB. Grayscale is replicated, alpha dropped, 16-bit scaled to 8-bit;
+    EXIF orientation is ignored, as the competition's coordinates are in stored pixels."""
+    path = Path(path)
+    if not path.exists():
+        raise PipelineError(path, "image file not found")
+    if path.is_dir():
+        raise PipelineError(path, "is a directory, not an image")
+    if path.stat().st_size == 0:
+        raise PipelineError(path, "image file is empty (0 bytes)")
+    data = np.fromfile(path, dtype=np.uint8)
+    img = cv2.imdecode(data, cv2.IMREAD_UNCHANGED | cv2.IMREAD_IGNORE_ORIENTATION)
+    if img is None or img.size == 0:
+        raise PipelineError(path, "cannot decode image (corrupt or unsupported format)")
+    if img.dtype == np.uint16:
+        img = (img / 257.0).round().astype(np.uint8)
+    elif img.dtype != np.uint8:
+        img = cv2.normalize(img, None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
+    if img.ndim == 2:
+        return cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
+    if img.shape[2] == 4:
+        return cv2.cvtColor(img, cv2.COLOR_BGRA2RGB)
+    if img.shape[2] == 1:
+        return cv2.cvtColor(img[:, :, 0], cv2.COLOR_GRAY2RGB)
+    return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)

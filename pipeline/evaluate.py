@@ -1,0 +1,471 @@
+"""Metrics: MAE (the competition metric) and NME, the `score`, `evaluate` and
+`leaderboard` commands.
+
+- MAE: mean absolute error over every coordinate, in original pixels.
+- NME: per face, the mean point-to-point Euclidean error divided by the distance between
+  the truth's outer eye corners (schema.eyes), averaged over faces; a fraction (x100 = %).
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+import numpy as np
+
+from pipeline.cli import config_options
+from pipeline.errors import PipelineError
+from pipeline.io import write_json, write_text
+
+log = logging.getLogger(__name__)
+
+# params sections recorded in metrics/history.jsonl and compared by the leaderboard
+HISTORY_SECTIONS = ("data", "crop", "folds", "model", "train", "predict")
+
+
+# ---------------------------------------------------------------------------- metrics
+
+def mae(pred, truth) -> float:
+    """Mean absolute error over all coordinates (pixels)."""
+    p, t = np.asarray(pred, dtype=np.float64), np.asarray(truth, dtype=np.float64)
+    if p.shape != t.shape:
+        raise ValueError(f"mae: shapes differ {p.shape} vs {t.shape}")
+    if p.size == 0:
+        raise ValueError("mae: empty arrays")
+    return float(np.mean(np.abs(p - t)))
+
+
+def nme(pred, truth, eyes: tuple[int, int] | Sequence[int] | None = (36, 45)) -> float | None:
+    """Mean over faces of mean point error / inter-ocular distance of the truth.
+
+    pred, truth: (N, K, 2). Returns a fraction, or None when `eyes` is None or out of
+    range for K. Faces whose truth eye corners coincide (distance 0) are left out; None
+    when no face is left."""
+    if eyes is None:
+        return None
+    p, t = np.asarray(pred, dtype=np.float64), np.asarray(truth, dtype=np.float64)
+    if p.shape != t.shape or p.ndim != 3 or p.shape[2] != 2:
+        raise ValueError(f"nme: need two (N, K, 2) arrays, got {p.shape} and {t.shape}")
+    e0, e1 = int(eyes[0]), int(eyes[1])
+    k = t.shape[1]
+    if not (0 <= e0 < k and 0 <= e1 < k) or e0 == e1:
+        return None
+    iod = np.linalg.norm(t[:, e0] - t[:, e1], axis=-1)
+    err = np.linalg.norm(p - t, axis=-1).mean(axis=1)
+    ok = iod > 0
+    if not ok.any():
+        return None
+    return float(np.mean(err[ok] / iod[ok]))
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else float(x)
+
+
+# ---------------------------------------------------------------------------- score
+
+def _parse_eyes(text: str | None) -> tuple[int, int] | None:
+    if text is None or text.strip().lower() in ("", "none", "null"):
+        return None
+    parts = text.split(",")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        raise click.BadParameter(f"expected two indices like 36,45 (or none), got {text!r}") from None
+
+
+def score_files(submission: str | os.PathLike, solution: str | os.PathLike, k: int | None = None,
+                eyes: tuple[int, int] | None = (36, 45)) -> dict[str, Any]:
+    """Score a submission CSV against a solution CSV: {mae, nme, rows, faces, k}.
+
+    `k` None means 68 if the row count allows it (else NME is not computed); an
+    explicit k that does not divide the rows is an error."""
+    from pipeline.submit import read_solution, read_submission
+
+    truth = read_solution(solution)
+    pred = read_submission(submission, n_rows=len(truth))
+    result: dict[str, Any] = {"mae": mae(pred, truth), "nme": None, "rows": int(len(truth)),
+                              "faces": None, "k": None}
+    kk = 68 if k is None else int(k)
+    if kk < 1:
+        raise click.BadParameter(f"--keypoints must be >= 1, got {kk}")
+    if len(truth) % (2 * kk):
+        if k is not None:
+            raise PipelineError(solution, f"{len(truth)} rows is not a multiple of 2 x {kk} keypoints")
+        return result
+    n = len(truth) // (2 * kk)
+    result.update(faces=n, k=kk, nme=_r(nme(pred.reshape(n, kk, 2), truth.reshape(n, kk, 2), eyes)))
+    return result
+
+
+@click.command("score")
+@click.argument("submission", type=click.Path(dir_okay=True))
+@click.option("--solution", required=True, type=click.Path(dir_okay=True), help="truth CSV (Id,Predicted)")
+@click.option("--keypoints", "k", type=int, default=None, help="keypoints per face (default 68 when it fits)")
+@click.option("--eyes", default="36,45", show_default=True, help="outer eye corner indices for NME, or none")
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="also write the scores here")
+def score_cmd(submission, solution, k, eyes, json_out):
+    """Score a competition CSV against a solution: MAE (pixels) and NME (%)."""
+    res = score_files(submission, solution, k, _parse_eyes(eyes))
+    click.echo(f"MAE  {res['mae']:.6f} px   ({res['rows']} values)")
+    if res["nme"] is not None:
+        click.echo(f"NME  {100 * res['nme']:.4f} %   ({res['faces']} faces x {res['k']} keypoints)")
+    else:
+        click.echo("NME  n/a")
+    if json_out:
+        write_json(json_out, res)
+
+
+# ---------------------------------------------------------------------------- evaluate
+
+def _load_npz(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    if not path.exists():
+        raise PipelineError(path, "not found (run `pipeline predict` first)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in keys if k not in z.files]
+            if missing:
+                raise PipelineError(path, f"missing array(s) {missing} (has {sorted(z.files)})")
+            return {k: np.asarray(z[k]) for k in keys}
+    except PipelineError:
+        raise
+    except Exception as e:
+        raise PipelineError(path, f"not a readable .npz file ({type(e).__name__})") from None
+
+
+def _load_schema(cache_dir: Path, data_cfg: dict):
+    from pipeline.schema import get_schema, schema_from_dict
+
+    info = cache_dir / "train" / "info.json"
+    if info.exists():
+        try:
+            d = json.loads(info.read_text())["schema"]
+        except Exception:
+            raise PipelineError(info, "no readable schema") from None
+        return schema_from_dict(d)
+    return get_schema(data_cfg)
+
+
+def _block(pred: np.ndarray, plain: np.ndarray, truth: np.ndarray, eyes) -> dict[str, Any]:
+    return {"mae": mae(pred, truth), "nme": _r(nme(pred, truth, eyes)),
+            "mae_notta": mae(plain, truth), "nme_notta": _r(nme(plain, truth, eyes)), "n": int(len(truth))}
+
+
+def oof_metrics(tta: np.ndarray, plain: np.ndarray, fold: np.ndarray, truth: np.ndarray,
+                eyes) -> dict[str, Any]:
+    """Per-fold and overall OOF metrics. Faces with any non-finite prediction (folds not
+    trained) are skipped and counted; folds with no scored face are listed as untrained."""
+    valid = np.isfinite(tta).all(axis=(1, 2)) & np.isfinite(plain).all(axis=(1, 2))
+    per_fold: dict[str, Any] = {}
+    untrained = []
+    for f in sorted(np.unique(fold).tolist()):
+        idx = (fold == f) & valid
+        n_skip = int(((fold == f) & ~valid).sum())
+        if not idx.any():
+            untrained.append(int(f))
+            continue
+        per_fold[str(int(f))] = {**_block(tta[idx], plain[idx], truth[idx], eyes), "skipped": n_skip}
+    if valid.any():
+        overall = _block(tta[valid], plain[valid], truth[valid], eyes)
+    else:
+        overall = {"mae": None, "nme": None, "mae_notta": None, "nme_notta": None, "n": 0}
+    overall["skipped"] = int((~valid).sum())
+    overall["untrained_folds"] = untrained
+    return {"per_fold": per_fold, "overall": overall}
+
+
+def solution_path(data_cfg: dict) -> Path:
+    """Where the test truth lives: data.dir/data.solution, or the demo set's solution."""
+    base = Path(data_cfg["dir"]) if data_cfg.get("dir") else Path("data/demo")
+    return base / data_cfg["solution"]
+
+
+def _append_history(path: Path, entry: dict) -> None:
+    old = path.read_text() if path.exists() else ""
+    if old and not old.endswith("\n"):
+        old += "\n"
+    write_text(path, old + json.dumps(entry, sort_keys=True, default=str) + "\n")
+
+
+def flat_params(cfg: dict, sections: Sequence[str] = HISTORY_SECTIONS) -> dict[str, Any]:
+    from pipeline.config import _flatten
+
+    return _flatten({s: cfg[s] for s in sections if s in cfg})
+
+
+def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathLike,
+                 predictions: str | os.PathLike, out_dir: str | os.PathLike,
+                 submission: str | os.PathLike | None = None, history: bool = True) -> dict[str, Any]:
+    from pipeline.config import write_resolved
+
+    cache, predictions, out = Path(cache), Path(predictions), Path(out_dir)
+    schema = _load_schema(cache, cfg["data"])
+    eyes = schema.eyes
+
+    # OOF
+    truth_path = cache / "train" / "keypoints_orig.npy"
+    if not truth_path.exists():
+        raise PipelineError(truth_path, "not found (run `pipeline crop` first)")
+    try:
+        truth = np.load(truth_path, allow_pickle=False).astype(np.float64)
+    except Exception as e:
+        raise PipelineError(truth_path, f"not a readable .npy file ({type(e).__name__})") from None
+    if truth.ndim != 3 or truth.shape[2] != 2:
+        raise PipelineError(truth_path, f"expected shape (N, K, 2), got {truth.shape}")
+    oof_path = predictions / "oof.npz"
+    z = _load_npz(oof_path, ("tta", "plain", "fold"))
+    for key in ("tta", "plain"):
+        if z[key].shape != truth.shape:
+            raise PipelineError(oof_path, f"'{key}' has shape {z[key].shape}, truth {truth_path} has {truth.shape}")
+    fold = z["fold"].reshape(-1)
+    if len(fold) != len(truth):
+        raise PipelineError(oof_path, f"'fold' has {len(fold)} entries for {len(truth)} faces")
+    folds_path = Path(folds_path)
+    if folds_path.exists():
+        import pandas as pd
+
+        try:
+            folds_fold = pd.read_csv(folds_path)["fold"].to_numpy()
+        except Exception as e:
+            raise PipelineError(folds_path, f"no readable 'fold' column ({type(e).__name__})") from None
+        if len(folds_fold) != len(fold) or not np.array_equal(folds_fold, fold):
+            raise PipelineError(oof_path, f"folds differ from {folds_path}; rerun `pipeline predict`")
+    oof = oof_metrics(z["tta"].astype(np.float64), z["plain"].astype(np.float64), fold, truth, eyes)
+
+    # test
+    sol = solution_path(cfg["data"])
+    sub = Path(submission) if submission else Path("submissions") / f"{cfg['submit']['name']}.csv"
+    test: dict[str, Any] = {"mae": None, "nme": None, "n": 0, "solution": None, "submission": None}
+    if not sol.exists():
+        log.info("no solution at %s: test set not scored", sol)
+    elif not sub.exists():
+        if submission:
+            raise PipelineError(sub, "submission not found (run `pipeline submit` first)")
+        log.info("no submission at %s: test set not scored", sub)
+    else:
+        s = score_files(sub, sol, schema.k, eyes)
+        test = {"mae": s["mae"], "nme": s["nme"], "n": s["faces"], "solution": str(sol), "submission": str(sub)}
+
+    ov = oof["overall"]
+    summary = {"oof_mae": ov["mae"], "oof_nme": ov["nme"], "oof_mae_notta": ov["mae_notta"],
+               "oof_nme_notta": ov["nme_notta"], "oof_n": ov["n"],
+               "test_mae": test["mae"], "test_nme": test["nme"], "test_n": test["n"]}
+    write_json(out / "oof.json", oof)
+    write_json(out / "test.json", test)
+    write_json(out / "summary.json", summary)
+    write_resolved(cfg, out, ["data", "submit"])
+    if history:
+        _append_history(out / "history.jsonl", {
+            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "params": flat_params(cfg), "summary": summary})
+    return {"oof": oof, "test": test, "summary": summary}
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.3f}%"
+
+
+def _num(x, digits: int = 4) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+@click.command("evaluate")
+@click.option("--cache", default="data/cache", show_default=True, help="face cache (train/keypoints_orig.npy)")
+@click.option("--folds", "folds_path", default="folds/folds.csv", show_default=True)
+@click.option("--predictions", default="predictions", show_default=True, help="folder of oof.npz")
+@click.option("--out", "out_dir", default="metrics", show_default=True)
+@click.option("--submission", default=None, help="CSV scored against the solution "
+                                                 "[default: submissions/<submit.name>.csv]")
+@config_options
+def evaluate_cmd(cache, folds_path, predictions, out_dir, submission, cfg):
+    """OOF metrics per fold and overall, test metrics when a solution exists -> metrics/*.json."""
+    res = run_evaluate(cfg, cache, folds_path, predictions, out_dir, submission)
+    s = res["summary"]
+    click.echo(f"OOF   MAE {_num(s['oof_mae'])} px  NME {_pct(s['oof_nme'])}  "
+               f"(no TTA: MAE {_num(s['oof_mae_notta'])})  n={s['oof_n']}")
+    if s["test_mae"] is not None:
+        click.echo(f"test  MAE {_num(s['test_mae'])} px  NME {_pct(s['test_nme'])}  n={s['test_n']}")
+    click.echo(f"wrote {Path(out_dir) / 'summary.json'}")
+
+
+# ---------------------------------------------------------------------------- leaderboard
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Fixed-width text table; numbers right-aligned."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [all(_is_num(r[i]) for r in cells[1:]) and len(cells) > 1 for i in range(len(headers))]
+
+    def line(r):
+        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)).rstrip()
+
+    out = [line(cells[0]), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in cells[1:]]
+    return "\n".join(out)
+
+
+def _is_num(s: str) -> bool:
+    if s == "-":
+        return True
+    try:
+        float(s.rstrip("%"))
+        return True
+    except ValueError:
+        return False
+
+
+def _sort_key(x):
+    return (x is None or (isinstance(x, float) and math.isnan(x)), x if isinstance(x, (int, float)) else 0.0)
+
+
+def fold_rows(oof: dict) -> list[list[Any]]:
+    """Rows (fold, n, MAE, NME, MAE no-TTA) sorted by OOF MAE."""
+    items = sorted(oof.get("per_fold", {}).items(), key=lambda kv: _sort_key(kv[1].get("mae")))
+    return [[f, m.get("n"), _num(m.get("mae")), _pct(m.get("nme")), _num(m.get("mae_notta"))] for f, m in items]
+
+
+def read_history(path: Path) -> list[dict]:
+    rows = []
+    if not path.exists():
+        return rows
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            e = json.loads(line)
+            rows.append({"source": "history", "name": e["timestamp"], "params": dict(e.get("params") or {}),
+                         "summary": dict(e.get("summary") or {})})
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            log.warning("%s: line %d is not a history entry, skipped", path, i)
+    return rows
+
+
+def parse_dvc_exp_show(entries: Any, summary_path: str = "metrics/summary.json",
+                       params_file: str = "params.yaml") -> list[dict]:
+    """Rows from `dvc exp show --json` (DVC 3): baselines and their experiments, not the workspace."""
+    from pipeline.config import _flatten
+
+    rows: list[dict] = []
+
+    def visit(entry: dict) -> None:
+        if not isinstance(entry, dict):
+            return
+        data = entry.get("data") or {}
+        if entry.get("rev") != "workspace" and not entry.get("error") and data:
+            params = ((data.get("params") or {}).get(params_file) or {}).get("data") or {}
+            summary = ((data.get("metrics") or {}).get(summary_path) or {}).get("data") or {}
+            if summary:
+                name = entry.get("name") or str(entry.get("rev", ""))[:7]
+                rows.append({"source": "dvc", "name": name,
+                             "params": _flatten({s: params[s] for s in HISTORY_SECTIONS
+                                                 if isinstance(params.get(s), dict)}),
+                             "summary": summary})
+        for exp in entry.get("experiments") or []:
+            for rev in (exp or {}).get("revs") or []:
+                visit(rev)
+
+    for entry in entries if isinstance(entries, list) else []:
+        visit(entry)
+    return rows
+
+
+def dvc_experiments(summary_path: str = "metrics/summary.json", timeout: float = 120) -> list[dict]:
+    """Experiments via `dvc exp show --json`; [] when DVC is missing, this is no DVC repo,
+    or there are none."""
+    import importlib.util
+
+    if importlib.util.find_spec("dvc") is not None:
+        cmd = [sys.executable, "-m", "dvc"]
+    elif shutil.which("dvc"):
+        cmd = [shutil.which("dvc")]
+    else:
+        log.info("dvc not installed: DVC experiments skipped")
+        return []
+    try:
+        proc = subprocess.run(cmd + ["exp", "show", "--json"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.info("dvc exp show failed (%s): skipped", type(e).__name__)
+        return []
+    if proc.returncode != 0:
+        msg = (proc.stderr.strip().splitlines() or [""])[-1]
+        log.info("dvc exp show failed: %s", msg)
+        return []
+    text = proc.stdout
+    start = min([i for i in (text.find("["), text.find("{")) if i >= 0], default=-1)
+    try:
+        entries = json.loads(text[start:]) if start >= 0 else []
+    except json.JSONDecodeError:
+        log.info("dvc exp show: output is not JSON, skipped")
+        return []
+    return parse_dvc_exp_show(entries, summary_path)
+
+
+def differing_params(rows: Sequence[dict]) -> list[str]:
+    keys = sorted({k for r in rows for k in r["params"]})
+    out = []
+    for k in keys:
+        vals = {json.dumps(r["params"].get(k, "<unset>"), sort_keys=True, default=str) for r in rows}
+        if len(vals) > 1:
+            out.append(k)
+    return out
+
+
+def experiment_table(rows: Sequence[dict]) -> str:
+    rows = sorted(rows, key=lambda r: _sort_key(r["summary"].get("oof_mae")))
+    diff = differing_params(rows)
+    headers = ["source", "name", "oof_mae", "oof_nme", "test_mae"] + diff
+    body = []
+    for r in rows:
+        s = r["summary"]
+        vals = []
+        for k in diff:
+            v = r["params"].get(k, "-")
+            vals.append(json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
+        body.append([r["source"], r["name"], _num(s.get("oof_mae")), _pct(s.get("oof_nme")),
+                     _num(s.get("test_mae"))] + vals)
+    return format_table(headers, body)
+
+
+@click.command("leaderboard")
+@click.option("--metrics", "metrics_dir", default="metrics", show_default=True,
+              help="folder of oof.json and history.jsonl (from `pipeline evaluate`)")
+@click.option("--exps/--no-exps", default=True, show_default=True,
+              help="also list DVC experiments (`dvc exp show`); history.jsonl is always listed")
+def leaderboard_cmd(metrics_dir, exps):
+    """Folds sorted by OOF MAE, then past runs sorted by OOF MAE with the params that differ."""
+    mdir = Path(metrics_dir)
+    oof_path = mdir / "oof.json"
+    if oof_path.exists():
+        try:
+            oof = json.loads(oof_path.read_text())
+            rows = fold_rows(oof)
+            ov = oof.get("overall", {})
+        except (json.JSONDecodeError, AttributeError, TypeError) as e:
+            raise PipelineError(oof_path, f"not a metrics file from `pipeline evaluate` ({type(e).__name__})") from None
+        click.echo(f"Folds by out-of-fold MAE ({oof_path})")
+        click.echo(format_table(["fold", "n", "MAE", "NME", "MAE no-TTA"], rows))
+        click.echo(f"overall: n={ov.get('n')}  MAE {_num(ov.get('mae'))}  NME {_pct(ov.get('nme'))}  "
+                   f"MAE no-TTA {_num(ov.get('mae_notta'))}"
+                   + (f"  untrained folds {ov['untrained_folds']}" if ov.get("untrained_folds") else ""))
+    else:
+        click.echo(f"no {oof_path} (run `pipeline evaluate` first)")
+    runs = read_history(mdir / "history.jsonl")
+    if exps:
+        runs += dvc_experiments((mdir / "summary.json").as_posix())
+    click.echo("")
+    if runs:
+        click.echo(f"Runs by out-of-fold MAE ({len(runs)})")
+        click.echo(experiment_table(runs))
+    else:
+        click.echo("no past runs (metrics/history.jsonl or DVC experiments)")

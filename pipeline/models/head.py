@@ -1,0 +1,58 @@
+"""Soft-argmax: a heatmap per keypoint -> its expected (x, y).
+
+Differentiable (unlike argmax) and sub-pixel, so the heatmap models train on the same
+coordinate losses as the direct-regression baselines."""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+_AUTOCAST_DEVICES = {"cpu", "cuda", "xpu", "mps"}
+
+
+def _no_autocast(device: torch.device):
+    # the softmax over H*W pixels overflows / loses the tails in fp16 and bf16;
+    # the meta device (FLOP counting) has no autocast to turn off
+    if device.type in _AUTOCAST_DEVICES:
+        return torch.autocast(device.type, enabled=False)
+    return contextlib.nullcontext()
+
+
+def soft_argmax(logits: torch.Tensor, input_hw: tuple[int, int] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """logits (B, K, h, w) -> (coords (B, K, 2) x then y, probs (B, K, h, w)), float32.
+
+    Softmax over all h*w pixels of each map; coordinates are the expected pixel position
+    under it, with pixel centres at integers: a one-hot map at column c, row r gives
+    exactly (c, r). When the map is smaller than the input (`input_hw`), the map grid is
+    scaled to input pixels so that map pixel centres land on the centres of the input
+    pixels they cover: x_in = (x_map + 0.5) * W / w - 0.5."""
+    b, k, h, w = logits.shape
+    with _no_autocast(logits.device):
+        probs = logits.float().reshape(b, k, h * w).softmax(-1).reshape(b, k, h, w)  # (B, K, h, w)
+        xs = torch.arange(w, device=logits.device, dtype=torch.float32)  # (w,)
+        ys = torch.arange(h, device=logits.device, dtype=torch.float32)  # (h,)
+        x = (probs.sum(2) * xs).sum(-1)  # column marginal (B, K, w) -> (B, K)
+        y = (probs.sum(3) * ys).sum(-1)  # row marginal (B, K, h) -> (B, K)
+        if input_hw is not None and tuple(input_hw) != (h, w):
+            x = (x + 0.5) * (input_hw[1] / w) - 0.5
+            y = (y + 0.5) * (input_hw[0] / h) - 0.5
+        coords = torch.stack([x, y], dim=-1)  # (B, K, 2)
+    return coords, probs
+
+
+class SoftArgmaxHead(nn.Module):
+    """features (B, C, h, w) -> 1x1 conv, one map per keypoint -> soft-argmax."""
+
+    def __init__(self, in_chs: int, num_keypoints: int):
+        super().__init__()
+        # no bias: a constant added to a whole map cancels in the softmax
+        self.conv = nn.Conv2d(in_chs, num_keypoints, 1, bias=False)
+
+    def forward(self, x: torch.Tensor, input_hw: tuple[int, int] | None = None
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.conv(x)  # (B, K, h, w)
+        return soft_argmax(logits, input_hw)

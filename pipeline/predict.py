@@ -1,0 +1,167 @@
+"""Predict: flip TTA, fold ensemble, out-of-fold predictions, all mapped back to
+original-image pixels through each face's stored crop transform."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Sequence
+
+import click
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from pipeline.cli import config_options
+from pipeline.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+
+def _resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
+    """Float (B, C, S, S) -> (B, C, size, size). Bilinear with align_corners=False maps
+    pixel centres as x' = (x + 0.5) * size / S - 0.5, the convention of input_to_crop."""
+    if images.shape[-1] == size:
+        return images
+    return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+
+
+@torch.no_grad()
+def predict_crops(model: torch.nn.Module, faces: np.ndarray, *, input_size: int, in_chans: int,
+                  flip_perm: Sequence[int] | None, batch_size: int = 64,
+                  device: torch.device = torch.device("cpu"), amp: torch.dtype | None = None,
+                  channels_last: bool = False, progress: bool = False) -> dict[str, np.ndarray]:
+    """Keypoints in crop pixels for uint8 faces (N, S, S, 3).
+
+    Returns {"plain": (N, K, 2)} and, when flip_perm is given, also {"flip": ..., "tta": ...}:
+    the prediction on the mirrored face, un-mirrored (x -> W-1-x, left/right indices swapped
+    back), and the mean of the two."""
+    from tqdm import tqdm
+
+    from pipeline.augment import input_to_crop
+    from pipeline.data import faces_to_chw, normalize_batch
+    from pipeline.device import autocast
+    from pipeline.flip import flip_images, unflip_coords
+
+    model.eval()
+    cache_size = faces.shape[1]
+    outs: dict[str, list[np.ndarray]] = {"plain": []}
+    if flip_perm is not None:
+        outs["flip"] = []
+    starts = range(0, len(faces), batch_size)
+    for s in tqdm(starts, desc="predict", unit="batch", disable=not progress, leave=False):
+        x = faces_to_chw(faces[s:s + batch_size], in_chans).to(device, non_blocking=True)  # (B, C, S, S) uint8
+        x = _resize_batch(normalize_batch(x, channels_last), input_size)  # (B, C, H, W) float
+        with autocast(device, amp):
+            plain = model(x).float()  # (B, K, 2) input px
+            outs["plain"].append(plain.cpu().numpy())
+            if flip_perm is not None:
+                flipped = model(flip_images(x)).float()
+                outs["flip"].append(unflip_coords(flipped, input_size, flip_perm).cpu().numpy())
+    res = {k: input_to_crop(np.concatenate(v).astype(np.float64), cache_size, input_size)
+           for k, v in outs.items()}
+    if flip_perm is not None:
+        res["tta"] = (res["plain"] + res["flip"]) / 2
+    return res
+
+
+def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndarray, tta: str,
+                     batch_size: int, device: torch.device, progress: bool = False) -> dict[str, np.ndarray]:
+    """predict_crops for a checkpoint's model, mapped to original-image pixels."""
+    from pipeline.crop import to_original
+    from pipeline.device import amp_dtype
+
+    if tta not in ("none", "flip"):
+        raise PipelineError("params.yaml", f"predict.tta must be none|flip, got '{tta}'")
+    cfg = ckpt["model_config"]
+    crops = predict_crops(model, faces, input_size=cfg["input_size"], in_chans=cfg["in_chans"],
+                          flip_perm=ckpt["schema"]["flip"] if tta == "flip" else None,
+                          batch_size=batch_size, device=device,
+                          amp=amp_dtype("auto", device), progress=progress)
+    out = {k: to_original(v, crop_to_orig) for k, v in crops.items()}
+    out["final"] = out["tta"] if tta == "flip" else out["plain"]
+    return out
+
+
+def fold_checkpoints(models_dir: str | os.PathLike, k: int, name: str) -> dict[int, Path]:
+    """Existing models/fold{i}/<name> for i < k."""
+    found = {i: Path(models_dir) / f"fold{i}" / name for i in range(k)}
+    return {i: p for i, p in found.items() if p.exists()}
+
+
+def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out_dir: str) -> None:
+    import pandas as pd
+
+    from pipeline.checkpoint import load_model
+    from pipeline.config import write_resolved
+    from pipeline.crop import load_cache
+    from pipeline.device import resolve_device
+    from pipeline.io import atomic_path
+
+    pcfg = cfg["predict"]
+    device = resolve_device(pcfg["device"])
+    train, test = load_cache(Path(cache_dir) / "train"), load_cache(Path(cache_dir) / "test")
+    folds = pd.read_csv(folds_path)
+    fold_of = folds["fold"].to_numpy()
+    ckpts = fold_checkpoints(models_dir, int(fold_of.max()) + 1, pcfg["checkpoint"])
+    if not ckpts:
+        raise PipelineError(models_dir, f"no fold checkpoints named {pcfg['checkpoint']} found")
+    K = train.schema.k
+    oof = {"tta": np.full((len(train), K, 2), np.nan), "plain": np.full((len(train), K, 2), np.nan)}
+    per_fold = []
+    for fold, path in sorted(ckpts.items()):
+        model, ckpt = load_model(path, device, schema=test.schema)
+        log.info("fold %d: %s (epoch %d)", fold, path, ckpt["epoch"])
+        test_pred = predict_original(model, ckpt, test.faces, test.crop_to_orig, pcfg["tta"],
+                                     pcfg["batch_size"], device, progress=True)
+        per_fold.append(test_pred["final"])
+        val = np.flatnonzero(fold_of == fold)
+        if len(val):
+            val_pred = predict_original(model, ckpt, train.faces[val], train.crop_to_orig[val], "flip",
+                                        pcfg["batch_size"], device)
+            oof["tta"][val], oof["plain"][val] = val_pred["tta"], val_pred["plain"]
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stack = np.stack(per_fold)  # (F, N, K, 2)
+    with atomic_path(out / "test.npz", suffix=".npz") as tmp:
+        np.savez(tmp, ensemble=stack.mean(0), per_fold=stack, folds=np.array(sorted(ckpts)))
+    with atomic_path(out / "oof.npz", suffix=".npz") as tmp:
+        np.savez(tmp, tta=oof["tta"], plain=oof["plain"], fold=fold_of)
+    write_resolved(cfg, out, ["predict"])
+    log.info("predicted %d test faces with %d fold(s), tta=%s -> %s", len(test), len(ckpts), pcfg["tta"], out)
+
+
+def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.PathLike],
+                predict_cfg: dict, data_cfg: dict, crop_cfg: dict) -> np.ndarray:
+    """Predict any test XML with any checkpoints: (N, K, 2) original pixels, fold-averaged."""
+    from pipeline.checkpoint import load_model
+    from pipeline.crop import crop_faces
+    from pipeline.dataset import load_xml
+    from pipeline.device import resolve_device
+    from pipeline.schema import get_schema
+
+    if not checkpoints:
+        raise PipelineError(xml_path, "no checkpoints given")
+    schema = get_schema(data_cfg)
+    faces = load_xml(xml_path, schema, require_parts=False)
+    crops, crop_to_orig = crop_faces(faces, Path(xml_path).parent, crop_cfg["size"], crop_cfg["expand"],
+                                     crop_cfg["n_jobs"])
+    device = resolve_device(predict_cfg["device"])
+    preds = []
+    for path in checkpoints:
+        model, ckpt = load_model(path, device, schema=schema)
+        preds.append(predict_original(model, ckpt, crops, crop_to_orig, predict_cfg["tta"],
+                                      predict_cfg["batch_size"], device)["final"])
+    return np.mean(preds, axis=0)
+
+
+@click.command("predict")
+@click.option("--cache", default="data/cache", show_default=True, help="face cache folder (from `crop`)")
+@click.option("--folds", "folds_path", default="folds/folds.csv", show_default=True)
+@click.option("--models", "models_dir", default="models", show_default=True, help="folder of fold{K}/ checkpoints")
+@click.option("--out", "out_dir", default="predictions", show_default=True)
+@config_options
+def predict_cmd(cache, folds_path, models_dir, out_dir, cfg):
+    """Test predictions (fold ensemble, flip TTA) and out-of-fold predictions."""
+    run_predict(cfg, cache, folds_path, models_dir, out_dir)

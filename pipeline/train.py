@@ -1,0 +1,317 @@
+"""Train one fold: `build_optimizer`, pure `get_lr(step)`, `train_one_epoch`, `evaluate`, `fit`.
+
+Checkpoints go to models/fold{K}/last.pt every epoch and best.pt at the lowest validation
+MAE (in original-image pixels). `--resume` continues from last.pt when it was written by
+the same configuration; a run whose params changed starts afresh."""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import click
+import numpy as np
+import torch
+
+from pipeline.cli import config_options
+from pipeline.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+# The params sections a fold's training depends on: a checkpoint made under other values
+# of these is not resumed.
+TRAIN_SECTIONS = ("data", "crop", "folds", "model", "train")
+
+
+def get_lr(step: int, total_steps: int, warmup_steps: int, peak_lr: float) -> float:
+    """Linear warm-up from 0 to peak over `warmup_steps`, then cosine decay to 0."""
+    if warmup_steps > 0 and step < warmup_steps:
+        return peak_lr * (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return peak_lr * 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def build_optimizer(model: torch.nn.Module, tcfg: dict[str, Any]) -> torch.optim.Optimizer:
+    """SGD (Nesterov-free, momentum) or AdamW; no weight decay on norms and biases."""
+    decay, no_decay = [], []
+    for p in model.parameters():
+        if p.requires_grad:
+            (no_decay if p.ndim <= 1 else decay).append(p)
+    groups = [{"params": decay, "weight_decay": tcfg["weight_decay"]},
+              {"params": no_decay, "weight_decay": 0.0}]
+    if tcfg["optimizer"] == "sgd":
+        return torch.optim.SGD(groups, lr=tcfg["lr"], momentum=tcfg["momentum"])
+    if tcfg["optimizer"] == "adamw":
+        return torch.optim.AdamW(groups, lr=tcfg["lr"], betas=(tcfg["momentum"], 0.999))
+    raise PipelineError("params.yaml", f"train.optimizer must be sgd|adamw, got '{tcfg['optimizer']}'")
+
+
+@dataclass
+class StepState:
+    step: int  # optimizer steps taken so far
+    total_steps: int
+    warmup_steps: int
+    peak_lr: float
+
+
+class NonFiniteLoss(PipelineError):
+    pass
+
+
+def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState, device, amp,
+                    grad_clip: float = 0.0, desc: str = "train") -> dict[str, float]:
+    """One pass over `loader` (a DeviceLoader). Checks the loss every step."""
+    from tqdm import tqdm
+
+    from pipeline.device import autocast
+
+    model.train()
+    total, seen, t0 = 0.0, 0, time.perf_counter()
+    bar = tqdm(loader, desc=desc, unit="batch", leave=False, dynamic_ncols=True)
+    for images, target, _ in bar:  # (B, C, H, W) float, (B, K, 2) input px
+        lr = get_lr(state.step, state.total_steps, state.warmup_steps, state.peak_lr)
+        for g in optimizer.param_groups:
+            g["lr"] = lr
+        with autocast(device, amp):
+            pred = model(images)
+        loss, _ = loss_fn(pred.float(), target)
+        if not torch.isfinite(loss):
+            raise NonFiniteLoss(None, f"loss became {loss.item()} at step {state.step}; training "
+                                      "stopped, the last good checkpoint is kept (lower train.lr?)")
+        optimizer.zero_grad(set_to_none=True)
+        if scaler is not None:
+            scaler.scale(loss).backward()
+            scaler.unscale_(optimizer)
+        else:
+            loss.backward()
+        if grad_clip > 0:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        if scaler is not None:
+            scaler.step(optimizer)
+            scaler.update()
+        else:
+            optimizer.step()
+        state.step += 1
+        b = images.shape[0]
+        total += loss.item() * b
+        seen += b
+        bar.set_postfix(loss=f"{total / seen:.3f}", ips=f"{seen / (time.perf_counter() - t0):.1f}")
+    elapsed = time.perf_counter() - t0
+    return {"loss": total / max(1, seen), "images_per_s": seen / elapsed,
+            "data_wait_frac": loader.wait_s / elapsed if elapsed > 0 else 0.0, "lr": lr if seen else 0.0}
+
+
+def evaluate(model, cache, val_idx: np.ndarray, ckpt_like: dict, batch_size: int, device) -> dict[str, float]:
+    """Validation MAE and NME in original-image pixels (no TTA, to keep epochs short)."""
+    from pipeline.evaluate import mae, nme
+    from pipeline.predict import predict_original
+
+    if len(val_idx) == 0:
+        return {"mae": float("nan"), "nme": float("nan")}
+    pred = predict_original(model, ckpt_like, cache.faces[val_idx], cache.crop_to_orig[val_idx], "none",
+                            batch_size, device)["final"]
+    truth = cache.keypoints_orig[val_idx]
+    eyes = cache.schema.eyes
+    return {"mae": float(mae(pred, truth)),
+            "nme": float(nme(pred, truth, eyes)) if eyes is not None else float("nan")}
+
+
+def init_distributed(device_name: str) -> tuple[int, int, str]:
+    """(rank, world size, device name) under torchrun; (0, 1, device_name) otherwise.
+
+    torchrun sets RANK/WORLD_SIZE/LOCAL_RANK; CPUs use gloo, GPUs NCCL with one GPU per
+    process (cuda:LOCAL_RANK)."""
+    import os
+
+    import torch.distributed as dist
+
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    if world <= 1:
+        return 0, 1, device_name
+    rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
+    use_cuda = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
+    if not dist.is_initialized():
+        dist.init_process_group("nccl" if use_cuda else "gloo")
+    return rank, world, (f"cuda:{local}" if use_cuda else "cpu")
+
+
+def _config_key(cfg: dict) -> dict:
+    """The part of the config that must match for a checkpoint to be resumed. device,
+    workers and AMP choices change speed, not the result's meaning."""
+    key = {s: dict(cfg[s]) for s in TRAIN_SECTIONS}
+    for k in ("device", "num_workers"):
+        key["train"].pop(k, None)
+    return key
+
+
+def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: str | Path = "folds/folds.csv",
+        out_root: str | Path = "models", resume: bool = True, live_dir: str | Path | None = None,
+        max_epochs: int | None = None) -> dict[str, float]:
+    """Train fold `fold`; returns the final metrics. `max_epochs` stops early (for tests of
+    interruption): the schedule still follows train.epochs."""
+    import pandas as pd
+
+    from pipeline.augment import TrainAugment
+    from pipeline.checkpoint import load_checkpoint, save_checkpoint
+    from pipeline.config import write_resolved
+    from pipeline.crop import load_cache
+    from pipeline.data import DeviceLoader, EpochSampler, FaceDataset, make_loader
+    from pipeline.device import amp_dtype, resolve_device, use_channels_last
+    from pipeline.io import write_json
+    from pipeline.losses import build_loss
+    from pipeline.models import create_model
+
+    tcfg, mcfg = cfg["train"], cfg["model"]
+    out = Path(out_root) / f"fold{fold}"
+    cache = load_cache(Path(cache_dir) / "train")
+    if cache.keypoints is None:
+        raise PipelineError(Path(cache_dir) / "train", "training cache has no keypoints")
+    folds = pd.read_csv(folds_path)
+    if len(folds) != len(cache):
+        raise PipelineError(folds_path, f"has {len(folds)} rows but the cache has {len(cache)} faces; "
+                                        "rerun `pipeline folds`")
+    k = int(folds["fold"].max()) + 1
+    if not 0 <= fold < k:
+        raise PipelineError(folds_path, f"fold {fold} out of range: folds are 0..{k - 1}")
+    fold_of = folds["fold"].to_numpy()
+    train_idx, val_idx = np.flatnonzero(fold_of != fold), np.flatnonzero(fold_of == fold)
+    schema = cache.schema
+
+    rank, world, device_name = init_distributed(tcfg["device"])
+    is_main = rank == 0  # only rank 0 writes checkpoints, metrics and DVCLive logs
+    if tcfg["batch_size"] % world:
+        raise PipelineError("params.yaml", f"train.batch_size {tcfg['batch_size']} is not divisible by "
+                                           f"the {world} DDP processes")
+    # train.batch_size is the global batch: each rank takes its share, so the lr and the
+    # schedule do not change with the number of processes
+    rank_batch = tcfg["batch_size"] // world
+    torch.manual_seed(tcfg["seed"])
+    device = resolve_device(device_name)
+    amp = amp_dtype(tcfg["amp"], device)
+    channels_last = use_channels_last(tcfg["channels_last"], device)
+    cache_size, input_size = cache.faces.shape[1], mcfg["input_size"]
+
+    model = create_model(mcfg["preset"], schema.k, in_chans=mcfg["in_chans"], input_size=input_size,
+                         **mcfg["options"]).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    net = model  # what trains: the model, or its DDP wrapper (same parameters)
+    if world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = build_optimizer(model, tcfg)
+    scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
+
+    # the mean shape of this fold's training faces (input px) fixes the structure-loss neighbours
+    from pipeline.augment import crop_to_input
+    mean_shape = crop_to_input(cache.keypoints[train_idx].mean(0).astype(np.float64), cache_size, input_size)
+    neighbours = torch.as_tensor(schema.neighbours(mean_shape), device=device)
+    loss_fn = build_loss(tcfg["loss"], tcfg["structure_lambda"], neighbours)
+
+    steps_per_epoch = math.ceil(math.ceil(len(train_idx) / world) / rank_batch)
+    state = StepState(0, steps_per_epoch * tcfg["epochs"],
+                      round(tcfg["warmup_epochs"] * steps_per_epoch), tcfg["lr"])
+    ckpt_meta = {"model_config": model.config, "schema": schema.to_dict(), "config": cfg,
+                 "mean_shape": mean_shape.tolist(), "fold": fold}
+    start_epoch, best_mae, history = 0, float("inf"), []
+    last_path = out / "last.pt"
+    if resume and last_path.exists():
+        ck = load_checkpoint(last_path, "cpu", schema)
+        if "config" in ck and _config_key(ck["config"]) == _config_key(cfg):
+            model.load_state_dict(ck["model"])
+            optimizer.load_state_dict(ck["optimizer"])
+            if scaler is not None and ck.get("scaler"):
+                scaler.load_state_dict(ck["scaler"])
+            start_epoch, state.step = ck["epoch"], ck["scheduler_step"]
+            best_mae, history = ck["best_mae"], list(ck.get("history", []))
+            if not (out / "best.pt").exists():
+                best_mae = float("inf")  # best.pt was removed: the next epoch rewrites it
+            log.info("fold %d: resuming from %s at epoch %d", fold, last_path, start_epoch)
+        else:
+            log.info("fold %d: %s was trained with other params; starting afresh", fold, last_path)
+
+    augment = TrainAugment(schema, cache_size, input_size, tcfg["scale_min"], tcfg["scale_max"],
+                           tcfg["flip"], tcfg["randaug_n"], tcfg["randaug_m"])
+    dataset = FaceDataset(cache.faces, cache.keypoints, train_idx, augment, mcfg["in_chans"])
+    sampler = EpochSampler(len(dataset), tcfg["seed"], rank=rank, world=world)
+
+    if is_main:
+        out.mkdir(parents=True, exist_ok=True)
+        write_resolved(cfg, out, TRAIN_SECTIONS)
+    live = _open_live(live_dir, resume=start_epoch > 0) if is_main else None
+    log.info("fold %d: %d train / %d val faces, %s on %s, amp=%s, %d epochs", fold, len(train_idx),
+             len(val_idx), mcfg["preset"], device, amp, tcfg["epochs"])
+    end_epoch = tcfg["epochs"] if max_epochs is None else min(tcfg["epochs"], max_epochs)
+    for epoch in range(start_epoch, end_epoch):
+        # seed per epoch: a resumed run draws the same augmentations as an uninterrupted one
+        torch.manual_seed(tcfg["seed"] * 1000 + epoch)
+        sampler.set_epoch(epoch)
+        loader = DeviceLoader(make_loader(dataset, rank_batch, sampler, device, tcfg["num_workers"],
+                                          drop_last=False, seed=tcfg["seed"] * 1000 + epoch),
+                              device, channels_last)
+        tr = train_one_epoch(net, loader, loss_fn, optimizer, scaler, state, device, amp,
+                             tcfg["grad_clip"], desc=f"fold {fold} epoch {epoch + 1}/{tcfg['epochs']}")
+        tr["images_per_s"] *= world  # every rank trains on its own share at the same pace
+        ev = evaluate(model, cache, val_idx, ckpt_meta, 64, device)
+        row = {"epoch": epoch + 1, "train_loss": tr["loss"], "val_mae": ev["mae"], "val_nme": ev["nme"],
+               "data_wait_frac": tr["data_wait_frac"], "images_per_s": tr["images_per_s"], "lr": tr["lr"]}
+        history.append(row)
+        log.info("fold %d epoch %d: loss %.4f  val MAE %.3f px  NME %.2f%%  %.1f img/s  data wait %.1f%%",
+                 fold, epoch + 1, tr["loss"], ev["mae"], 100 * ev["nme"], tr["images_per_s"],
+                 100 * tr["data_wait_frac"])
+        improved = ev["mae"] < best_mae or not math.isfinite(best_mae)
+        best_mae = min(best_mae, ev["mae"]) if math.isfinite(ev["mae"]) else best_mae
+        ckpt = {**ckpt_meta, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
+                "scaler": scaler.state_dict() if scaler is not None else {},
+                "scheduler_step": state.step, "epoch": epoch + 1, "best_mae": best_mae, "history": history}
+        if is_main:
+            if improved:
+                save_checkpoint(out / "best.pt", ckpt)
+            save_checkpoint(last_path, ckpt)
+        if world > 1:
+            torch.distributed.barrier()
+        if live is not None:
+            for name, value in row.items():
+                if name != "epoch":
+                    live.log_metric(name, value)
+            live.next_step()
+    if not history:
+        raise PipelineError(last_path, "no epochs trained (train.epochs is 0?)")
+    best = min(history, key=lambda r: r["val_mae"] if math.isfinite(r["val_mae"]) else float("inf"))
+    metrics = {"fold": fold, "epochs": history[-1]["epoch"], "val_mae": best["val_mae"], "val_nme": best["val_nme"],
+               "best_epoch": best["epoch"], "last_val_mae": history[-1]["val_mae"],
+               "images_per_s": history[-1]["images_per_s"], "data_wait_frac": history[-1]["data_wait_frac"]}
+    if is_main:
+        write_json(out / "metrics.json", metrics)
+    if live is not None:
+        live.end()
+    if world > 1:
+        torch.distributed.destroy_process_group()
+    return metrics
+
+
+def _open_live(live_dir, resume: bool):
+    if live_dir is None:
+        return None
+    from dvclive import Live
+
+    return Live(dir=str(live_dir), resume=resume, save_dvc_exp=False, dvcyaml=None, report=None)
+
+
+@click.command("train")
+@click.option("--fold", type=int, required=True, help="fold to hold out for validation")
+@click.option("--cache", default="data/cache", show_default=True)
+@click.option("--folds", "folds_path", default="folds/folds.csv", show_default=True)
+@click.option("--out", "out_root", default="models", show_default=True, help="writes <out>/fold{K}/")
+@click.option("--live", "live_dir", default=None, help="DVCLive folder (default dvclive/fold{K})")
+@click.option("--resume/--no-resume", default=True, show_default=True,
+              help="continue from <out>/fold{K}/last.pt when it was made with the same params")
+@config_options
+def train_cmd(fold, cache, folds_path, out_root, live_dir, resume, cfg):
+    """Train one fold from the crop cache and the folds file."""
+    metrics = fit(cfg, fold, cache, folds_path, out_root, resume, live_dir or f"dvclive/fold{fold}")
+    log.info("fold %d done: best val MAE %.3f px (epoch %d)", fold, metrics["val_mae"], metrics["best_epoch"])
