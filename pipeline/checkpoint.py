@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import os
 import pickle
+import re
+import warnings
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,19 @@ def save_checkpoint(path: str | os.PathLike, ckpt: dict[str, Any]) -> None:
     torch_save(path, ckpt)
 
 
+def _load_failure(e: BaseException) -> str:
+    """One short line for why torch.load failed. The weights-only unpickler's message is a
+    paragraph (with ANSI bold) whose useful part follows 'WeightsUnpickler error:'."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    if "WeightsUnpickler error:" in text:
+        detail = next((ln.strip() for ln in text.split("WeightsUnpickler error:", 1)[1].splitlines()
+                       if ln.strip()), "")
+        detail = detail.split(" Please use ", 1)[0].rstrip(". ")
+        return f"refused by the weights-only loader: {detail}"[:160]
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return first[:160] if first else type(e).__name__
+
+
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
                     schema=None) -> dict[str, Any]:
     """Load and check a checkpoint; `schema` (a KeypointSchema) must match if given."""
@@ -30,15 +45,18 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
     if path.is_dir():
         raise PipelineError(path, "is a directory, expected a checkpoint file")
     try:
-        ckpt = torch.load(path, map_location=map_location, weights_only=True)
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning would be a 2nd stderr line
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
     except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError,
             AttributeError, OSError) as e:
-        reason = str(e).splitlines()[0][:160] if str(e) else type(e).__name__
-        raise PipelineError(path, f"not a loadable checkpoint ({reason})") from None
+        raise PipelineError(path, f"not a loadable checkpoint ({_load_failure(e)})") from None
     if not isinstance(ckpt, dict) or any(k not in ckpt for k in REQUIRED):
         raise PipelineError(path, f"not a pipeline checkpoint (needs keys {', '.join(REQUIRED)})")
     if schema is not None:
         theirs = ckpt["schema"]
+        if not isinstance(theirs, dict):
+            raise PipelineError(path, f"not a pipeline checkpoint ('schema' is a {type(theirs).__name__}, not a mapping)")
         if theirs.get("names") != list(schema.names) or theirs.get("flip") != list(schema.flip_perm):
             raise PipelineError(path, f"checkpoint is for schema '{theirs.get('name')}' "
                                       f"({len(theirs.get('names', []))} points), data uses "
@@ -56,7 +74,7 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", sche
         model.load_state_dict(ckpt["model"])
     except PipelineError as e:
         raise PipelineError(path, e.problem) from None
-    except (RuntimeError, KeyError, TypeError) as e:
+    except (RuntimeError, KeyError, TypeError, AttributeError, ValueError) as e:
         raise PipelineError(path, f"weights do not fit model '{ckpt['model_config'].get('preset')}' "
                                   f"({str(e).splitlines()[0][:120]})") from None
     return model.to(device).eval(), ckpt

@@ -1,16 +1,26 @@
 """Crop and cache: expand each face box, make it square, crop (padding where the box leaves
 the image), resize to `crop.size`, and store every face of a split in one uint8 array with
-its keypoints and the crop->original transform, so predictions map back exactly."""
+its keypoints and the crop->original transform, so predictions map back exactly.
+
+Files per split (docs/design.md, "Face cache"): faces.npy, keypoints.npy,
+keypoints_orig.npy (labelled sets), crop_to_orig.npy, meta.csv, info.json, plus the
+params.resolved.yaml of the run. Both annotation files are read and every image decoded
+and cropped before anything is written; each split folder is then built in a temp folder
+and renamed into place, so a reader never sees half a cache."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import shutil
+import tempfile
 import time
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, Callable, Iterator
 
 import click
 import cv2
@@ -19,18 +29,66 @@ import numpy as np
 from pipeline.cli import config_options
 from pipeline.dataset import Face, load_xml, read_image, safe_image_path
 from pipeline.errors import PipelineError
+from pipeline.io import write_json, write_npy, write_text
 from pipeline.schema import KeypointSchema, get_schema, schema_from_dict
 
 log = logging.getLogger(__name__)
 
-DEMO_DIR = "data/demo"  # where `pipeline demo-data` writes when data.dir is null
+DEMO_DIR = "data/demo"  # where `pipeline demo-data` writes; used when data.dir is null
+CACHE_MARKER = "info.json"  # a folder holding this is a cache split we may replace
+
+
+# --------------------------------------------------------------------------------------
+# whole-folder atomic replacement (used by crop and demo-data)
+
+
+@contextlib.contextmanager
+def staging_dir(dest: str | os.PathLike, marker: str,
+                is_ours: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+    """Yield an empty temp folder beside `dest`; when the block succeeds it replaces `dest`
+    as a whole (rename), else it is removed. An existing `dest` is only replaced when it is
+    empty, holds `marker` or passes `is_ours` (i.e. it is an earlier output of the same
+    stage), so a mistyped path never deletes someone's folder."""
+    dest = Path(dest)
+    if dest.exists():
+        if not dest.is_dir():
+            raise PipelineError(dest, "exists and is not a folder")
+        if any(dest.iterdir()) and not (dest / marker).exists() and not (is_ours and is_ours(dest)):
+            raise PipelineError(dest, f"exists and is not an output of this stage (no {marker}); "
+                                      "refusing to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the output is not
+        publish_dir(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def publish_dir(tmp: Path, dest: Path) -> None:
+    """Rename the finished folder `tmp` onto `dest` (the old one is moved aside first)."""
+    old = None
+    if dest.exists():
+        old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old-"))
+        os.replace(dest, old / "x")
+    os.replace(tmp, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+# --------------------------------------------------------------------------------------
+# geometry
 
 
 def crop_transform(box: tuple[float, float, float, float], expand: float, size: int) -> np.ndarray:
     """(2, 3) affine crop pixel -> original pixel for a square crop of side max(w, h) * expand
     centred on the box. Pixel centres at integers: crop pixel u covers the original interval
     [E + u*s, E + (u+1)*s) in edge coordinates, so x = E + (u + 0.5) * s - 0.5."""
-    left, top, w, h = box
+    left, top, w, h = (float(v) for v in box)
     side = max(w, h) * expand
     s = side / size
     cx, cy = left + w / 2, top + h / 2  # box centre in edge coordinates
@@ -46,74 +104,101 @@ def to_original(points: np.ndarray, crop_to_orig: np.ndarray) -> np.ndarray:
 
 
 def to_crop(points: np.ndarray, crop_to_orig: np.ndarray) -> np.ndarray:
-    """Inverse of to_original."""
+    """Inverse of to_original: (N, K, 2) original pixels -> crop pixels."""
     a = np.asarray(crop_to_orig, dtype=np.float64)
     inv = np.linalg.inv(a[:, :, :2])
     return np.einsum("nij,nkj->nki", inv, np.asarray(points, dtype=np.float64) - a[:, None, :, 2])
 
 
-def _crop_one(image: np.ndarray, a: np.ndarray, size: int) -> np.ndarray:
-    """Warp the square region into (size, size). Large reductions are low-pass filtered first
-    (sigma ~ the reduction), else bilinear sampling aliases hair and background texture."""
-    s = a[0, 0]
+def crop_one(image: np.ndarray, a: np.ndarray, size: int) -> np.ndarray:
+    """Warp the square region of `image` that the crop->original affine `a` covers into
+    (size, size), black where it leaves the image. Large reductions are low-pass filtered
+    first (sigma ~ 0.45 x the reduction, INTER_AREA-like), else bilinear sampling aliases
+    hair and background texture."""
+    s = float(a[0, 0])
     if s > 1.5:
         # blur only the window the crop reads (plus a margin), not the whole photo
         x0, y0 = a[0, 2], a[1, 2]
         m = int(3 * s) + 2
-        xa, ya = max(0, int(x0) - m), max(0, int(y0) - m)
-        xb = min(image.shape[1], int(x0 + s * size) + m)
-        yb = min(image.shape[0], int(y0 + s * size) + m)
+        xa, ya = max(0, int(np.floor(x0)) - m), max(0, int(np.floor(y0)) - m)
+        xb = min(image.shape[1], int(np.ceil(x0 + s * size)) + m)
+        yb = min(image.shape[0], int(np.ceil(y0 + s * size)) + m)
         if xb > xa and yb > ya:
-            image = image[ya:yb, xa:xb]
-            image = cv2.GaussianBlur(image, (0, 0), sigmaX=0.45 * s)
+            image = cv2.GaussianBlur(image[ya:yb, xa:xb], (0, 0), sigmaX=0.45 * s)
             a = a.copy()
             a[0, 2] -= xa
             a[1, 2] -= ya
-    inv = cv2.invertAffineTransform(a)  # original -> crop, what warpAffine expects
-    return cv2.warpAffine(image, inv, (size, size), flags=cv2.INTER_LINEAR,
+    return cv2.warpAffine(image, np.ascontiguousarray(a, dtype=np.float64), (size, size),
+                          flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                           borderMode=cv2.BORDER_CONSTANT, borderValue=(0, 0, 0))
 
 
-def _crop_image(root: str, rel: str, boxes: list, expand: float, size: int, source: str):
-    image = read_image(safe_image_path(Path(root), rel, source))
+def _crop_image(path: str, boxes: list, expand: float, size: int):
+    """Worker: one photo's crops. PipelineError does not survive joblib's pickling, so it
+    comes back as a value and is raised again in the parent."""
+    try:
+        image = read_image(path)
+    except PipelineError as e:
+        return ("error", e.path, e.problem, e.where)
     out = []
     for box in boxes:
         a = crop_transform(box, expand, size)
-        out.append((_crop_one(image, a, size), a))
-    return out, image.shape[1], image.shape[0]
+        out.append((crop_one(image, a, size), a))
+    return ("ok", out, image.shape[1], image.shape[0])
 
 
 def crop_faces(faces: list[Face], root: str | os.PathLike, size: int, expand: float, n_jobs: int = 1,
-               source: str | os.PathLike = "", progress: bool = False):
-    """(faces uint8 (N, size, size, 3), crop_to_orig (N, 2, 3), image_wh (N, 2)) in face order.
-    Each photo is decoded once for all of its boxes; photos are spread over joblib workers."""
+               source: str | os.PathLike = "", progress: bool = False, return_sizes: bool = False):
+    """(faces uint8 (N, size, size, 3), crop_to_orig float64 (N, 2, 3)) in face order, plus
+    image (width, height) (N, 2) with return_sizes. Each photo is decoded once for all of
+    its boxes; photos are spread over `n_jobs` joblib workers (1 = in this process)."""
     from joblib import Parallel, delayed
     from tqdm import tqdm
 
+    if size < 1 or expand <= 0:
+        raise PipelineError("params.yaml", f"crop.size must be >= 1 and crop.expand > 0, got {size}, {expand}")
+    root = Path(root)
     by_image: dict[str, list[int]] = {}
     for i, f in enumerate(faces):
         by_image.setdefault(f.image, []).append(i)
     jobs = list(by_image.items())
-    results = Parallel(n_jobs=n_jobs, batch_size=8)(
-        delayed(_crop_image)(str(root), rel, [faces[i].box for i in idx], expand, size, str(source))
-        for rel, idx in tqdm(jobs, desc="crop", unit="img", disable=not progress, leave=False))
+    paths = [str(safe_image_path(root, rel, source or root)) for rel, _ in jobs]
+    tasks = (delayed(_crop_image)(p, [faces[i].box for i in idx], expand, size)
+             for p, (_, idx) in zip(paths, jobs))
+    n_jobs = max(1, min(int(n_jobs), len(jobs))) if n_jobs > 0 else n_jobs
+    results = Parallel(n_jobs=n_jobs, batch_size=8, return_as="generator")(tasks)
     arr = np.zeros((len(faces), size, size, 3), dtype=np.uint8)
     a = np.zeros((len(faces), 2, 3))
     wh = np.zeros((len(faces), 2), dtype=np.int64)
-    for (rel, idx), (crops, w, h) in zip(jobs, results):
+    # the bar only on a terminal (disable=None): logs and CI output stay clean
+    bar = tqdm(results, total=len(jobs), desc=f"crop {Path(source).name}".strip(), unit="img",
+               disable=None if progress else True, leave=False)
+    for (rel, idx), res in zip(jobs, bar):
+        if res[0] == "error":
+            _, path, problem, where = res
+            with warnings.catch_warnings():  # joblib warns about the photos it now drops
+                warnings.simplefilter("ignore")
+                bar.close()
+                results.close()
+            raise PipelineError(path, problem, where or (f"listed in {source}" if source else None))
+        _, crops, w, h = res
         for i, (crop, m) in zip(idx, crops):
             arr[i], a[i], wh[i] = crop, m, (w, h)
-    return arr, a, wh
+    return (arr, a, wh) if return_sizes else (arr, a)
+
+
+# --------------------------------------------------------------------------------------
+# the cache
 
 
 @dataclass
 class Cache:
     path: Path
     faces: np.ndarray  # (N, S, S, 3) uint8, memory-mapped
-    keypoints: np.ndarray | None  # (N, K, 2) float32 crop px
-    keypoints_orig: np.ndarray | None  # (N, K, 2) float64 original px
-    crop_to_orig: np.ndarray  # (N, 2, 3)
-    meta: "object"  # pandas DataFrame, one row per face
+    keypoints: np.ndarray | None  # (N, K, 2) float32 crop px (None: unlabelled split)
+    keypoints_orig: np.ndarray | None  # (N, K, 2) float64 original px, exactly as in the XML
+    crop_to_orig: np.ndarray  # (N, 2, 3) float64: orig = A @ [u, v, 1]
+    meta: Any  # pandas DataFrame, one row per face (docs/design.md columns)
     info: dict
     schema: KeypointSchema
 
@@ -121,80 +206,119 @@ class Cache:
         return len(self.faces)
 
 
+META_COLUMNS = ["index", "face_id", "group", "image", "box_left", "box_top", "box_width", "box_height",
+                "image_width", "image_height"]
+
+
+def _load_npy(path: Path, mmap: bool = False) -> np.ndarray:
+    if not path.exists():
+        raise PipelineError(path, "missing from the face cache (rerun `pipeline crop`)")
+    try:
+        return np.load(path, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except Exception as e:
+        raise PipelineError(path, f"not a readable .npy file ({type(e).__name__})") from None
+
+
 def load_cache(path: str | os.PathLike) -> Cache:
+    """One split of the face cache (`<cache>/train` or `<cache>/test`); faces memory-mapped."""
     import pandas as pd
 
     path = Path(path)
-    if not (path / "info.json").exists():
+    info_path = path / "info.json"
+    if not info_path.exists():
         raise PipelineError(path, "no face cache here (run `pipeline crop` first)")
-    info = json.loads((path / "info.json").read_text())
-    has_kp = info["has_keypoints"]
-    return Cache(path, np.load(path / "faces.npy", mmap_mode="r"),
-                 np.load(path / "keypoints.npy") if has_kp else None,
-                 np.load(path / "keypoints_orig.npy") if has_kp else None,
-                 np.load(path / "crop_to_orig.npy"), pd.read_csv(path / "meta.csv"), info,
-                 schema_from_dict(info["schema"]))
+    try:
+        info = json.loads(info_path.read_text())
+        has_kp = bool(info["has_keypoints"])
+        schema = schema_from_dict(info["schema"])
+    except PipelineError:
+        raise
+    except Exception as e:
+        raise PipelineError(info_path, f"unreadable cache info ({type(e).__name__}: {e})") from None
+    faces = _load_npy(path / "faces.npy", mmap=True)
+    a = _load_npy(path / "crop_to_orig.npy")
+    kp = _load_npy(path / "keypoints.npy") if has_kp else None
+    kp_orig = _load_npy(path / "keypoints_orig.npy") if has_kp else None
+    try:
+        meta = pd.read_csv(path / "meta.csv", dtype={"face_id": str, "group": str, "image": str},
+                           keep_default_na=False)
+    except Exception as e:
+        raise PipelineError(path / "meta.csv", f"unreadable ({type(e).__name__})") from None
+    n = len(faces)
+    if faces.dtype != np.uint8 or faces.ndim != 4 or faces.shape[3] != 3:
+        raise PipelineError(path / "faces.npy", f"expected uint8 (N, S, S, 3), got {faces.dtype} {faces.shape}")
+    if a.shape != (n, 2, 3) or len(meta) != n:
+        raise PipelineError(path, f"inconsistent cache: {n} faces, crop_to_orig {a.shape}, meta {len(meta)} rows")
+    for name, arr in (("keypoints.npy", kp), ("keypoints_orig.npy", kp_orig)):
+        if arr is not None and arr.shape != (n, schema.k, 2):
+            raise PipelineError(path / name, f"expected shape {(n, schema.k, 2)}, got {arr.shape}")
+    return Cache(path, faces, kp, kp_orig, a, meta, info, schema)
 
 
-def _write_split(out: Path, faces: list[Face], arr, a, wh, schema, xml: Path, size: int, expand: float,
-                 cfg: dict) -> None:
-    """Write one split into a temp folder, then swap it in: readers never see half a cache."""
+def _write_split(out: Path, faces: list[Face], arr: np.ndarray, a: np.ndarray, wh: np.ndarray,
+                 schema: KeypointSchema, xml: Path, size: int, expand: float, cfg: dict) -> None:
+    """One split into a temp folder, then renamed onto `out`."""
     import pandas as pd
 
     from pipeline.config import write_resolved
 
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    np.save(tmp / "faces.npy", arr)
-    np.save(tmp / "crop_to_orig.npy", a)
-    has_kp = faces[0].keypoints is not None
-    if has_kp:
-        orig = np.stack([f.keypoints for f in faces])
-        np.save(tmp / "keypoints_orig.npy", orig)
-        np.save(tmp / "keypoints.npy", to_crop(orig, a).astype(np.float32))
-    pd.DataFrame({
-        "index": np.arange(len(faces)), "face_id": [f.face_id for f in faces],
-        "group": [f.group for f in faces], "image": [f.image for f in faces],
-        "box_left": [f.box[0] for f in faces], "box_top": [f.box[1] for f in faces],
-        "box_width": [f.box[2] for f in faces], "box_height": [f.box[3] for f in faces],
-        "image_width": wh[:, 0], "image_height": wh[:, 1],
-    }).to_csv(tmp / "meta.csv", index=False)
-    (tmp / "info.json").write_text(json.dumps({
-        "size": size, "expand": expand, "n": len(faces), "has_keypoints": has_kp,
-        "schema": schema.to_dict(), "xml": str(xml)}, indent=2))
-    write_resolved(cfg, tmp, ["data", "crop"])
-    old = out.parent / f".{out.name}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+    with staging_dir(out, CACHE_MARKER) as tmp:
+        write_npy(tmp / "faces.npy", arr)
+        write_npy(tmp / "crop_to_orig.npy", a)
+        has_kp = faces[0].keypoints is not None
+        if has_kp:
+            orig = np.stack([f.keypoints for f in faces]).astype(np.float64)
+            write_npy(tmp / "keypoints_orig.npy", orig)
+            write_npy(tmp / "keypoints.npy", to_crop(orig, a).astype(np.float32))
+        meta = pd.DataFrame({
+            "index": np.arange(len(faces)), "face_id": [f.face_id for f in faces],
+            "group": [f.group for f in faces], "image": [f.image for f in faces],
+            "box_left": [f.box[0] for f in faces], "box_top": [f.box[1] for f in faces],
+            "box_width": [f.box[2] for f in faces], "box_height": [f.box[3] for f in faces],
+            "image_width": wh[:, 0], "image_height": wh[:, 1],
+        }, columns=META_COLUMNS)
+        write_text(tmp / "meta.csv", meta.to_csv(index=False))
+        write_resolved(cfg, tmp, ["data", "crop"])
+        # info.json last: it marks a complete split
+        write_json(tmp / "info.json", {"size": size, "expand": expand, "n": len(faces), "has_keypoints": has_kp,
+                                       "schema": schema.to_dict(), "xml": str(xml)})
 
 
 def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, int]:
+    """The `crop` stage: both splits of data.dir (or the demo set) into out_dir/{train,test}."""
+    from pipeline.config import write_resolved
+
     dcfg, ccfg = cfg["data"], cfg["crop"]
     if ccfg["size"] < 8 or ccfg["expand"] <= 0:
-        raise PipelineError("params.yaml", "crop.size must be >= 8 and crop.expand > 0")
+        raise PipelineError("params.yaml", f"crop.size must be >= 8 and crop.expand > 0, got "
+                                           f"{ccfg['size']} and {ccfg['expand']}")
+    if ccfg["n_jobs"] == 0:
+        raise PipelineError("params.yaml", "crop.n_jobs must be >= 1 (or negative: all cores but n+1)")
     root = Path(dcfg["dir"] or DEMO_DIR)
     if not root.is_dir():
-        raise PipelineError(root, "dataset folder not found" + (" (run `pipeline demo-data data/demo`)"
-                                                                 if dcfg["dir"] is None else ""))
+        hint = " (run `pipeline demo-data data/demo`, or set data.dir)" if dcfg["dir"] is None else ""
+        raise PipelineError(root, "dataset folder not found" + hint)
     schema = get_schema(dcfg)
     splits = {"train": (root / dcfg["train_xml"], True), "test": (root / dcfg["test_xml"], False)}
+    out = Path(out_dir)
+    for name in splits:  # fail before the work when an output cannot be replaced
+        d = out / name
+        if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not (d / CACHE_MARKER).exists())):
+            raise PipelineError(d, f"exists and is not a face cache (no {CACHE_MARKER}); refusing to replace it")
     # read and check both annotation files before cropping or writing anything
     faces = {name: load_xml(xml, schema, require_parts=req) for name, (xml, req) in splits.items()}
-    crops = {}
+    crops, timing = {}, {}
     for name, (xml, _) in splits.items():
         t0 = time.perf_counter()
         crops[name] = crop_faces(faces[name], root, ccfg["size"], ccfg["expand"], ccfg["n_jobs"], xml,
-                                 progress=True)
-        dt = time.perf_counter() - t0
-        log.info("crop %s: %d faces in %.1f s (%.0f faces/s)", name, len(faces[name]), dt,
-                 len(faces[name]) / max(dt, 1e-9))
-    out = Path(out_dir)
+                                 progress=True, return_sizes=True)
+        timing[name] = time.perf_counter() - t0
+    for name, dt in timing.items():  # logged once everything is known to be good
+        log.info("crop %s: %d faces in %.2f s (%.0f faces/s, %d jobs)", name, len(faces[name]), dt,
+                 len(faces[name]) / max(dt, 1e-9), ccfg["n_jobs"])
     for name, (xml, _) in splits.items():
         _write_split(out / name, faces[name], *crops[name], schema, xml, ccfg["size"], ccfg["expand"], cfg)
+    write_resolved(cfg, out, ["data", "crop"])
     return {name: len(f) for name, f in faces.items()}
 
 
@@ -203,5 +327,9 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, 
 @config_options
 def crop_cmd(out_dir, cfg):
     """Crop every face box of the train and test XML into the face cache."""
+    t0 = time.perf_counter()
     counts = run_crop(cfg, out_dir)
-    log.info("cached %d train and %d test faces in %s", counts["train"], counts["test"], out_dir)
+    dt = time.perf_counter() - t0
+    n = counts["train"] + counts["test"]
+    log.info("cached %d train and %d test faces in %s (%.1f s, %.0f faces/s overall)",
+             counts["train"], counts["test"], out_dir, dt, n / max(dt, 1e-9))

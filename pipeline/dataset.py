@@ -79,6 +79,10 @@ def load_xml(path: str | os.PathLike, schema: KeypointSchema, require_parts: boo
         root = ET.parse(path).getroot()
     except ET.ParseError as e:
         raise PipelineError(path, f"malformed XML ({e})") from None
+    except (UnicodeError, ValueError) as e:
+        raise PipelineError(path, f"malformed XML ({type(e).__name__}: {e})") from None
+    except OSError as e:
+        raise PipelineError(path, f"cannot read ({e.strerror or e})") from None
     images = root.find("images")
     if images is None:
         raise PipelineError(path, "no <images> element (not an imglab dataset file)")
@@ -92,6 +96,8 @@ def load_xml(path: str | os.PathLike, schema: KeypointSchema, require_parts: boo
             raise PipelineError(path, f"image file not found: {img_path}", f"image {rel}")
         if img_path.is_dir():
             raise PipelineError(path, f"is a directory, not an image: {img_path}", f"image {rel}")
+        if img_path.stat().st_size == 0:
+            raise PipelineError(path, f"image file is empty (0 bytes): {img_path}", f"image {rel}")
         boxes = image.findall("box")
         for j, box in enumerate(boxes):
             where = f"image {rel} box {j}"
@@ -102,19 +108,27 @@ def load_xml(path: str | os.PathLike, schema: KeypointSchema, require_parts: boo
             parts = box.findall("part")
             kp = None
             if parts and require_parts is not False:
-                names = [p.get("name", "") for p in parts]
-                if len(set(names)) != len(names):
-                    dup = sorted({n for n in names if names.count(n) > 1})[0]
+                names = [p.get("name", "").strip() for p in parts]
+                try:  # '00'..'67': order by the number ('7' and '07' are the same part)
+                    keys: list = [int(n) for n in names]
+                except ValueError:
+                    keys = names  # non-numeric names: keep file order
+                if len(set(keys)) != len(keys):
+                    dup = next(n for n, k in zip(names, keys) if keys.count(k) > 1)
                     raise PipelineError(path, f"duplicate part name '{dup}'", where)
                 pts = []
                 for p in parts:
                     pw = f"{where} part {p.get('name')}"
                     pts.append((_number(p.get("x"), path, pw, "x"), _number(p.get("y"), path, pw, "y")))
-                try:
-                    order = np.argsort([int(n) for n in names], kind="stable")
-                except ValueError:
-                    order = np.arange(len(names))  # non-numeric names: keep file order
-                kp = _select(np.asarray(pts, dtype=np.float64)[order], schema, path, where)
+                if isinstance(keys[0], int):
+                    order = np.argsort(keys, kind="stable")
+                    kp = _select(np.asarray(pts, dtype=np.float64)[order], schema, path, where)
+                    if sorted(keys) != list(range(len(keys))):
+                        bad = sorted(set(keys) - set(range(len(keys))))[0]
+                        raise PipelineError(path, f"part name '{bad}' out of range: {len(keys)} parts must be "
+                                                  f"named 00..{len(keys) - 1:02d}", where)
+                else:
+                    kp = _select(np.asarray(pts, dtype=np.float64), schema, path, where)
             elif require_parts:
                 raise PipelineError(path, "box has no <part> elements", where)
             stem = str(PurePosixPath(rel).with_suffix(""))
@@ -204,6 +218,6 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
         return cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
     if img.shape[2] == 4:
         return cv2.cvtColor(img, cv2.COLOR_BGRA2RGB)
-    if img.shape[2] == 1:
-        return cv2.cvtColor(img[:, :, 0], cv2.COLOR_GRAY2RGB)
+    if img.shape[2] in (1, 2):  # gray, gray + alpha
+        return cv2.cvtColor(np.ascontiguousarray(img[:, :, 0]), cv2.COLOR_GRAY2RGB)
     return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)

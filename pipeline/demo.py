@@ -1,17 +1,33 @@
-"""The embedded demo data set: synthetic drawn faces in exactly the competition layout
-(JPEGs, `labels_ibug_300W_train.xml`, `labels_ibug_300W_test_parsed.xml`, `solution.csv`).
+"""The embedded demo data set: synthetic drawn faces in exactly the competition layout.
 
-A template face of 68 points with iBUG semantics (the subject's right side on the image
-left, so the flip permutation is right on it) is varied in shape and expression, turned
-in depth (yaw) and in the image plane, scaled and placed in a cluttered photo, then lit,
-blurred, noised and sometimes occluded. Faces of one seed are byte-identical."""
+`generate_demo(out_dir, n_train, n_test, seed)` writes
+
+    out_dir/images/train/<photo>_<n>.jpg       out_dir/images/test/<photo>_<n>.jpg
+    out_dir/labels_ibug_300W_train.xml         (boxes + 68 parts, integers, like the real file)
+    out_dir/labels_ibug_300W_test_parsed.xml   (boxes only)
+    out_dir/solution.csv                       (truth of the test faces, `Id,Predicted`)
+    out_dir/demo.json                          (how it was made; marks the folder as ours)
+
+Each face is an OpenCV drawing (skin polygon, jaw line, brows, eyes with irises, nose,
+lips) of a 3-D template whose 68 points follow the iBUG semantics, so that
+`IBUG68.flip_perm` is exactly its mirror symmetry. Faces get random identity and
+expression, yaw/pitch foreshortening, in-plane rotation, scale and position on a
+cluttered background, lighting gradients, colour or grayscale, blur, noise and
+occluders; the boxes imitate a face detector (keypoint extent stretched up to the
+brow, each edge jittered). Some photos hold two faces, written as `<photo>_1.jpg` /
+`<photo>_2.jpg` (as 300-W does) or as one image with two boxes, to exercise grouping.
+
+The same seed gives byte-identical XML and CSV: every photo draws from its own
+`SeedSequence([seed, split, photo])` stream, whatever the worker count."""
 
 from __future__ import annotations
 
+import json
 import logging
-import os
-import shutil
+import math
+import time
 from pathlib import Path
+from typing import Any
 
 import click
 import cv2
@@ -24,220 +40,456 @@ log = logging.getLogger(__name__)
 
 TRAIN_XML = "labels_ibug_300W_train.xml"
 TEST_XML = "labels_ibug_300W_test_parsed.xml"
+SOLUTION = "solution.csv"
+MARKER = "demo.json"
+SPLITS = {"train": 0, "test": 1}
 
 
-def _template() -> tuple[np.ndarray, np.ndarray]:
-    """(68, 2) points in a face frame (x right, y down, about [-1, 1]) and (68,) depths."""
-    pts = np.zeros((68, 2))
-    a = np.pi * np.arange(17) / 16
-    pts[0:17] = np.stack([-0.9 * np.cos(a), -0.15 + 1.05 * np.sin(a)], 1)  # jaw, image-left ear -> chin -> right
-    t = np.linspace(0, 1, 5)
-    pts[17:22] = np.stack([-0.75 + 0.6 * t, -0.45 - 0.1 * np.sin(np.pi * t)], 1)  # brow on the image left
-    pts[22:27] = np.stack([0.15 + 0.6 * t, -0.45 - 0.1 * np.sin(np.pi * t)], 1)
-    pts[27:31] = np.stack([np.zeros(4), np.linspace(-0.3, 0.15, 4)], 1)  # nose bridge to tip
-    pts[31:36] = [[-0.2, 0.25], [-0.1, 0.28], [0, 0.3], [0.1, 0.28], [0.2, 0.25]]  # nostrils
-    pts[36:42] = [[-0.55, -0.25], [-0.47, -0.31], [-0.33, -0.31], [-0.25, -0.25], [-0.33, -0.2], [-0.47, -0.2]]
-    pts[42:48] = [[0.25, -0.25], [0.33, -0.31], [0.47, -0.31], [0.55, -0.25], [0.47, -0.2], [0.33, -0.2]]
-    pts[48:60] = [[-0.35, 0.5], [-0.22, 0.43], [-0.1, 0.4], [0, 0.42], [0.1, 0.4], [0.22, 0.43],
-                  [0.35, 0.5], [0.22, 0.6], [0.1, 0.64], [0, 0.65], [-0.1, 0.64], [-0.22, 0.6]]
-    pts[60:68] = [[-0.28, 0.5], [-0.1, 0.47], [0, 0.47], [0.1, 0.47], [0.28, 0.5], [0.1, 0.54],
-                  [0, 0.55], [-0.1, 0.54]]
-    z = np.zeros(68)
-    z[0:17] = -0.4 * np.cos(a - np.pi / 2) ** 2  # ears lie behind the face plane
-    z[17:27], z[36:48] = 0.15, 0.1
-    z[27:31] = np.linspace(0.2, 0.45, 4)
-    z[31:36] = [0.25, 0.32, 0.38, 0.32, 0.25]
-    z[48:68] = 0.2
-    return pts, z
+# --------------------------------------------------------------------------------------
+# the 3-D template (x to the image right, y down, z towards the camera; jaw width ~2)
 
 
-TEMPLATE, DEPTH = _template()
+def _half_template() -> dict[int, tuple[float, float, float]]:
+    """Points on the image-left half and the midline; the rest is their mirror."""
+    pts: dict[int, tuple[float, float, float]] = {}
+    for i in range(9):  # jaw 0 (image-left ear) .. 8 (chin)
+        phi = math.pi * i / 16
+        x = -math.cos(phi) * (0.98 - 0.12 * math.sin(phi) ** 2)
+        y = -0.22 + 1.42 * math.sin(phi) ** 0.85
+        z = 0.12 - 0.42 * abs(math.cos(phi))
+        pts[i] = (x, y, z)
+    for j in range(5):  # image-left brow 17 (outer) .. 21 (inner)
+        t = j / 4
+        pts[17 + j] = (-0.80 + 0.62 * t, -0.56 - 0.11 * math.sin(math.pi * (0.25 + 0.75 * t)) + 0.03 * t,
+                       0.18 + 0.10 * t)
+    for j, y in enumerate((-0.36, -0.18, 0.0, 0.20)):  # bridge 27..30 (tip)
+        pts[27 + j] = (0.0, y, 0.30 + 0.32 * (j / 3))
+    for idx, x, y, z in ((31, -0.21, 0.33, 0.34), (32, -0.11, 0.36, 0.40), (33, 0.0, 0.38, 0.44)):
+        pts[idx] = (x, y, z)
+    # image-left eye: 36 outer, 37 38 upper lid, 39 inner, 40 41 lower lid (inner->outer)
+    for idx, x, y in ((36, -0.60, -0.27), (37, -0.49, -0.34), (38, -0.34, -0.34), (39, -0.22, -0.26),
+                      (40, -0.34, -0.21), (41, -0.49, -0.21)):
+        pts[idx] = (x, y, 0.16 - 0.10 * (abs(x) - 0.22) / 0.38)
+    # outer lip: 48 corner, 49 50 upper (to the midline 51); lower 58 59 (57 midline)
+    for idx, x, y, z in ((48, -0.38, 0.69, 0.22), (49, -0.25, 0.61, 0.30), (50, -0.11, 0.57, 0.35),
+                         (51, 0.0, 0.59, 0.36), (57, 0.0, 0.86, 0.33), (58, -0.13, 0.85, 0.31),
+                         (59, -0.26, 0.80, 0.27)):
+        pts[idx] = (x, y, z)
+    # inner lip: 60 corner, 61 upper, 62 midline; lower 66 midline, 67
+    for idx, x, y, z in ((60, -0.31, 0.69, 0.24), (61, -0.11, 0.655, 0.31), (62, 0.0, 0.66, 0.32),
+                         (66, 0.0, 0.70, 0.32), (67, -0.11, 0.695, 0.31)):
+        pts[idx] = (x, y, z)
+    return pts
 
 
-def _shape(rng: np.random.Generator) -> np.ndarray:
-    """A face's 68 points in the face frame: identity, expression, yaw."""
-    p = TEMPLATE.copy()
-    p[0:17, 0] *= rng.uniform(0.85, 1.1)  # jaw width
-    p[0:17, 1] = -0.15 + (p[0:17, 1] + 0.15) * rng.uniform(0.9, 1.15)  # face length
-    p[17:27, 1] -= rng.uniform(-0.05, 0.1)  # brows raised
-    eye_open = rng.uniform(0.4, 1.4)
-    for lo in (36, 42):
-        c = p[lo:lo + 6, 1].mean()
-        p[lo:lo + 6, 1] = c + (p[lo:lo + 6, 1] - c) * eye_open
-    mouth_open = rng.uniform(0, 0.12)
-    p[[65, 66, 67], 1] += mouth_open
-    p[55:60, 1] += mouth_open
-    p[48:68, 0] *= rng.uniform(0.85, 1.2)  # mouth width
-    p += rng.normal(0, 0.012, p.shape)
-    yaw = rng.uniform(-0.55, 0.55)
-    p[:, 0] = p[:, 0] * np.cos(yaw) + DEPTH * np.sin(yaw)
-    return p
+def _template() -> np.ndarray:
+    from pipeline.schema import IBUG68
 
-
-def _clutter(rng, h, w) -> np.ndarray:
-    """A photo background: colour gradient plus random shapes and lines."""
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-    c0, c1 = rng.uniform(0, 255, 3), rng.uniform(0, 255, 3)
-    t = (xx * rng.uniform(-1, 1) + yy * rng.uniform(-1, 1)) / (w + h) + 0.5
-    img = (c0 * (1 - t[..., None]) + c1 * t[..., None]).astype(np.uint8)
-    for _ in range(rng.integers(6, 20)):
-        col = tuple(int(v) for v in rng.integers(0, 256, 3))
-        kind = rng.integers(3)
-        x, y = int(rng.integers(0, w)), int(rng.integers(0, h))
-        if kind == 0:
-            cv2.rectangle(img, (x, y), (x + int(rng.integers(5, w // 3)), y + int(rng.integers(5, h // 3))), col, -1)
-        elif kind == 1:
-            cv2.circle(img, (x, y), int(rng.integers(3, w // 6)), col, -1)
+    half = _half_template()
+    perm = IBUG68.flip_perm
+    out = np.full((68, 3), np.nan)
+    for i, p in half.items():
+        out[i] = p
+        j = perm[i]
+        if j != i:
+            out[j] = (-p[0], p[1], p[2])
         else:
-            cv2.line(img, (x, y), (int(rng.integers(0, w)), int(rng.integers(0, h))), col, int(rng.integers(1, 5)))
+            out[i, 0] = 0.0  # the midline, exactly
+    assert not np.isnan(out).any()
+    return out
+
+
+TEMPLATE = _template()  # (68, 3)
+# extra points for drawing only: forehead arc (ear -> top -> ear) and the ears
+_FOREHEAD = np.array([(-math.cos(a) * 0.97, -0.22 - 0.95 * math.sin(a) ** 0.9, 0.10 - 0.35 * abs(math.cos(a)))
+                      for a in np.linspace(0.0, math.pi, 13)])
+
+
+def _rot3(yaw: float, pitch: float) -> np.ndarray:
+    cy, sy, cp, sp = math.cos(yaw), math.sin(yaw), math.cos(pitch), math.sin(pitch)
+    ry = np.array([[cy, 0, sy], [0, 1, 0], [-sy, 0, cy]])
+    rx = np.array([[1, 0, 0], [0, cp, -sp], [0, sp, cp]])
+    return rx @ ry
+
+
+# --------------------------------------------------------------------------------------
+# drawing
+
+
+def _poly(points: np.ndarray) -> np.ndarray:
+    return np.round(points).astype(np.int32).reshape(-1, 1, 2)
+
+
+def _background(rng: np.random.Generator, h: int, w: int) -> np.ndarray:
+    low = rng.integers(30, 221, size=(int(rng.integers(2, 6)), int(rng.integers(2, 6)), 3), dtype=np.uint8)
+    img = cv2.resize(low, (w, h), interpolation=cv2.INTER_LINEAR)
+    for _ in range(int(rng.integers(8, 26))):
+        col = tuple(int(c) for c in rng.integers(0, 256, 3))
+        kind = rng.integers(0, 5)
+        x, y = int(rng.integers(-20, w)), int(rng.integers(-20, h))
+        if kind == 0:
+            cv2.rectangle(img, (x, y), (x + int(rng.integers(5, w // 2)), y + int(rng.integers(5, h // 2))), col,
+                          -1 if rng.random() < 0.6 else int(rng.integers(1, 4)))
+        elif kind == 1:
+            cv2.circle(img, (x, y), int(rng.integers(3, w // 5)), col, -1 if rng.random() < 0.6 else 2, cv2.LINE_AA)
+        elif kind == 2:
+            cv2.line(img, (x, y), (int(rng.integers(0, w)), int(rng.integers(0, h))), col,
+                     int(rng.integers(1, 5)), cv2.LINE_AA)
+        elif kind == 3:
+            cv2.ellipse(img, (x, y), (int(rng.integers(4, w // 4)), int(rng.integers(4, h // 4))),
+                        float(rng.uniform(0, 180)), 0, 360, col, -1, cv2.LINE_AA)
+        else:
+            pts = np.stack([rng.integers(0, w, 5), rng.integers(0, h, 5)], 1)
+            cv2.polylines(img, [_poly(pts)], False, col, int(rng.integers(1, 3)), cv2.LINE_AA)
+    if rng.random() < 0.5:
+        img = cv2.GaussianBlur(img, (0, 0), float(rng.uniform(0.5, 2.0)))
     return img
 
 
-def _draw_face(img: np.ndarray, pts: np.ndarray, rng: np.random.Generator, scale: float) -> None:
-    """Draw the face whose landmarks (image px) are `pts` onto img."""
-    ip = lambda idx: np.round(pts[list(idx)]).astype(np.int32)  # noqa: E731
-    skin = np.array([rng.uniform(90, 230), rng.uniform(70, 200), rng.uniform(50, 180)])
-    jaw = pts[0:17]
-    top = np.stack([jaw[0], (jaw[0] + jaw[16]) / 2 + (pts[27] - pts[8]) * 0.55, jaw[16]])
-    head = np.concatenate([jaw, cv2.approxPolyDP(top.astype(np.float32), 0, False).reshape(-1, 2)[::-1][1:-1]])
-    cv2.fillPoly(img, [np.round(head).astype(np.int32)], tuple(int(v) for v in skin))
-    hair = tuple(int(v) for v in rng.integers(0, 120, 3))
-    cv2.polylines(img, [ip(range(0, 17))], False, tuple(int(v * 0.6) for v in skin), max(1, int(scale / 30)))
-    lw = max(1, int(scale / 18))
-    cv2.polylines(img, [ip(range(17, 22))], False, hair, lw)
-    cv2.polylines(img, [ip(range(22, 27))], False, hair, lw)
-    for lo in (36, 42):
-        cv2.fillPoly(img, [ip(range(lo, lo + 6))], (235, 235, 235))
-        c = pts[lo:lo + 6].mean(0)
-        r = max(1, int(np.linalg.norm(pts[lo + 3] - pts[lo]) / 5))
-        cv2.circle(img, tuple(int(v) for v in np.round(c)), r, tuple(int(v) for v in rng.integers(20, 110, 3)), -1)
-        cv2.polylines(img, [ip(range(lo, lo + 6))], True, (30, 30, 30), 1)
-    dark = tuple(int(v * 0.55) for v in skin)
-    cv2.polylines(img, [ip(range(27, 31))], False, dark, max(1, lw // 2))
-    cv2.polylines(img, [ip(range(31, 36))], False, dark, max(1, lw // 2))
-    lip = (int(rng.uniform(120, 200)), int(rng.uniform(30, 90)), int(rng.uniform(40, 100)))
-    cv2.fillPoly(img, [ip(range(48, 60))], lip)
-    cv2.fillPoly(img, [ip(range(60, 68))], (40, 20, 20))
+def _face_geometry(rng: np.random.Generator, centre: tuple[float, float], width_px: float, roll: float):
+    """Random identity, expression and pose -> (68, 2) integer keypoints, drawing extras."""
+    tpl = TEMPLATE.copy()
+    # identity: group-wise shifts and scales, then a little per-point noise
+    tpl[:, 0] *= rng.uniform(0.88, 1.08)
+    tpl[:, 1] *= rng.uniform(0.92, 1.10)
+    eye_sep, eye_h = rng.uniform(-0.05, 0.05), rng.uniform(0.7, 1.4)
+    for side in (range(36, 42), range(42, 48)):
+        idx = list(side)
+        c = tpl[idx].mean(0)
+        tpl[idx, 1] = c[1] + (tpl[idx, 1] - c[1]) * eye_h
+        tpl[idx, 0] += eye_sep * np.sign(c[0])
+    tpl[17:27, 1] += rng.uniform(-0.07, 0.05)  # brow height
+    tpl[27:36, 1] *= rng.uniform(0.9, 1.1)  # nose length
+    mouth = list(range(48, 68))
+    mc = tpl[mouth].mean(0)
+    tpl[mouth, 0] = mc[0] + (tpl[mouth, 0] - mc[0]) * rng.uniform(0.8, 1.25)
+    tpl[mouth, 1] += rng.uniform(-0.05, 0.05)
+    # expression: mouth opening, smile (corners up)
+    opening = rng.uniform(0.0, 0.22) if rng.random() < 0.5 else 0.0
+    tpl[[55, 56, 57, 58, 59, 65, 66, 67], 1] += opening
+    smile = rng.uniform(-0.03, 0.07)
+    tpl[[48, 54, 60, 64], 1] -= smile
+    tpl[:, :2] += rng.normal(0, 0.012, size=(68, 2))
+    # pose: yaw / pitch by a 3-D rotation (asymmetric foreshortening), then roll in-plane
+    yaw = math.radians(rng.uniform(-32, 32))
+    pitch = math.radians(rng.uniform(-14, 14))
+    r3 = _rot3(yaw, pitch)
+    proj = (tpl @ r3.T)[:, :2]
+    forehead = (_FOREHEAD @ r3.T)[:, :2]
+    ca, sa = math.cos(roll), math.sin(roll)
+    r2 = np.array([[ca, -sa], [sa, ca]])
+    s = width_px / 2.0
+    off = np.asarray(centre) - 0.45 * s * (r2 @ np.array([0.0, 1.0]))  # template origin above centre
+
+    def place(p: np.ndarray) -> np.ndarray:
+        return p @ r2.T * s + off
+
+    kp = np.round(place(proj))  # integer pixel labels, as annotators give; drawn exactly
+    return kp, place(forehead), s, yaw, opening
 
 
-def render_face(seed_seq: list[int]) -> tuple[np.ndarray, np.ndarray, tuple[float, float, float, float]]:
-    """One photo: (RGB uint8 image, (68, 2) landmarks in pixels, detector-like box)."""
-    rng = np.random.default_rng(seed_seq)
-    h, w = int(rng.integers(200, 321)), int(rng.integers(200, 321))
-    img = _clutter(rng, h, w)
-    shape = _shape(rng)
-    scale = rng.uniform(0.16, 0.3) * min(h, w)  # px per face unit (half the face width)
-    ang = np.deg2rad(rng.uniform(-35, 35))
-    rot = np.array([[np.cos(ang), -np.sin(ang)], [np.sin(ang), np.cos(ang)]])
-    centre = np.array([rng.uniform(0.35, 0.65) * w, rng.uniform(0.35, 0.65) * h])
-    pts = shape @ rot.T * scale + centre
-    _draw_face(img, pts, rng, scale)
-    # lighting: a smooth multiplicative gradient across the photo
-    yy, xx = np.mgrid[0:h, 0:w].astype(np.float32)
-    g = 1 + rng.uniform(-0.35, 0.35) * ((xx - w / 2) * np.cos(ang) + (yy - h / 2) * np.sin(ang)) / max(h, w)
-    img = np.clip(img.astype(np.float32) * g[..., None] * rng.uniform(0.7, 1.2), 0, 255)
-    if rng.random() < 0.25:  # occluder: a hand, hair or a microphone over part of the face
-        c = pts[int(rng.integers(0, 68))]
-        col = tuple(float(v) for v in rng.integers(0, 256, 3))
-        axes = (int(scale * rng.uniform(0.2, 0.5)), int(scale * rng.uniform(0.15, 0.4)))
-        cv2.ellipse(img, (int(c[0]), int(c[1])), axes, float(rng.uniform(0, 180)), 0, 360, col, -1)
+def _draw_face(img: np.ndarray, rng: np.random.Generator, kp: np.ndarray, forehead: np.ndarray, s: float,
+               yaw: float, opening: float) -> None:
+    if rng.random() < 0.85:  # skin tones: R > G > B, light to dark
+        r = rng.uniform(90, 245)
+        g = r * rng.uniform(0.62, 0.88)
+        skin = (g * rng.uniform(0.65, 0.95), g, r)  # BGR
+    else:  # painted / oddly lit faces
+        skin = tuple(float(c) for c in rng.uniform(40, 240, 3))
+    dark = tuple(float(c) for c in np.array(skin) * rng.uniform(0.35, 0.6))
+    hair = tuple(int(c) for c in rng.integers(0, 120, 3))
+    aa = cv2.LINE_AA
+    t = max(1, int(round(s * 0.035)))
+    jaw = kp[0:17]
+    # hair behind / above the head, neck below
+    if rng.random() < 0.75:
+        hair_poly = np.concatenate([forehead[::-1] * 1.0 + (forehead[::-1] - forehead.mean(0)) * 0.18,
+                                    jaw[[0]], jaw[[16]]])
+        cv2.fillPoly(img, [_poly(hair_poly)], hair, aa)
+    neck_w = np.linalg.norm(jaw[12] - jaw[4]) * 0.36
+    down = (jaw[8] - forehead[6]) / (np.linalg.norm(jaw[8] - forehead[6]) + 1e-6)
+    across = np.array([-down[1], down[0]])
+    nb = jaw[8] - down * s * 0.3
+    neck = np.array([nb + across * neck_w, nb - across * neck_w, nb - across * neck_w * 1.2 + down * s * 1.2,
+                     nb + across * neck_w * 1.2 + down * s * 1.2])
+    cv2.fillPoly(img, [_poly(neck)], dark, aa)
+    # ears on the side that faces the camera more
+    for i_ear, sign in ((1, -1), (15, 1)):
+        if rng.random() < 0.7 and (sign * yaw) < 0.35:
+            out = jaw[i_ear] + (jaw[i_ear] - kp[30]) * 0.1
+            cv2.ellipse(img, tuple(int(v) for v in np.round(out)), (max(2, int(s * 0.1)), max(3, int(s * 0.2))),
+                        math.degrees(math.atan2(down[1], down[0])) - 90, 0, 360, skin, -1, aa)
+    # face: skin polygon bounded by the jaw and the forehead arc, jaw line drawn darker
+    face_poly = np.concatenate([jaw, forehead[::-1][1:-1]])
+    cv2.fillPoly(img, [_poly(face_poly)], skin, aa)
+    cheek = kp[2] * 0.6 + kp[31] * 0.4, kp[14] * 0.6 + kp[35] * 0.4
     if rng.random() < 0.5:
-        img = cv2.GaussianBlur(img, (0, 0), rng.uniform(0.3, 1.5))
-    img = img + rng.normal(0, rng.uniform(1, 10), img.shape)
-    img = np.clip(img, 0, 255).astype(np.uint8)
-    if rng.random() < 0.2:
-        img = np.repeat(cv2.cvtColor(img, cv2.COLOR_RGB2GRAY)[..., None], 3, axis=2)
-    # the box a face detector would give: brows to chin, jittered in place and size
-    lo, hi = pts.min(0), pts.max(0)
-    size = hi - lo
-    jitter = rng.normal(0, 0.07, 4)
-    box = (lo[0] + jitter[0] * size[0], lo[1] + jitter[1] * size[1],
-           size[0] * (1 + jitter[2]), size[1] * (1 + jitter[3]))
-    return img, pts, tuple(float(round(v)) for v in box)
+        blush = tuple(float(c) for c in np.array(skin) * np.array([0.85, 0.85, 1.1]))
+        for c in cheek:
+            cv2.circle(img, tuple(int(v) for v in np.round(c)), max(2, int(s * 0.15)), blush, -1, aa)
+    cv2.polylines(img, [_poly(jaw)], False, dark, t, aa)
+    # brows
+    brow_col = hair if rng.random() < 0.8 else dark
+    bt = max(1, int(round(s * rng.uniform(0.04, 0.09))))
+    cv2.polylines(img, [_poly(kp[17:22])], False, brow_col, bt, aa)
+    cv2.polylines(img, [_poly(kp[22:27])], False, brow_col, bt, aa)
+    # eyes: sclera polygon, iris, lid outline
+    iris_col = tuple(int(c) for c in rng.integers(10, 140, 3))
+    gaze = rng.uniform(-0.2, 0.2, 2)
+    for idx in (list(range(36, 42)), list(range(42, 48))):
+        e = kp[idx]
+        cv2.fillPoly(img, [_poly(e)], (235, 235, 240), aa)
+        c = e.mean(0) + gaze * (e[3] - e[0]) * np.array([1, 0.3])
+        r = max(1, int(round(0.35 * np.linalg.norm(e[3] - e[0]))))
+        r = min(r, max(1, int(round(0.6 * np.linalg.norm(e[1] - e[5]) + 1))))
+        cv2.circle(img, tuple(int(v) for v in np.round(c)), r, iris_col, -1, aa)
+        cv2.circle(img, tuple(int(v) for v in np.round(c)), max(1, r // 2), (10, 10, 10), -1, aa)
+        cv2.polylines(img, [_poly(e)], True, (25, 25, 30), max(1, t - 1), aa)
+        cv2.polylines(img, [_poly(e[0:4])], False, (20, 20, 20), t, aa)  # upper lid heavier
+    # nose: bridge shadow, nostril curve, nostrils
+    cv2.polylines(img, [_poly(kp[27:31])], False, dark, max(1, t - 1), aa)
+    cv2.polylines(img, [_poly(np.concatenate([kp[[31]] - (kp[[33]] - kp[[30]]) * 0.4, kp[31:36],
+                                              kp[[35]] - (kp[[33]] - kp[[30]]) * 0.4]))],
+                  False, dark, t, aa)
+    for i in (32, 34):
+        cv2.circle(img, tuple(int(v) for v in kp[i]), max(1, int(s * 0.03)), (20, 20, 30), -1, aa)
+    # mouth: outer lip polygon, inner opening
+    lip = tuple(float(c) for c in np.array(skin) * np.array([0.6, 0.55, 1.0]) * rng.uniform(0.7, 1.0))
+    cv2.fillPoly(img, [_poly(kp[48:60])], lip, aa)
+    inner = kp[60:68]
+    if opening > 0.03:
+        cv2.fillPoly(img, [_poly(inner)], (25, 20, 40), aa)
+        if rng.random() < 0.6:  # teeth: the upper 40 % of the opening
+            lower = kp[60:65] * 0.6 + kp[[60, 67, 66, 65, 64]] * 0.4
+            cv2.fillPoly(img, [_poly(np.concatenate([kp[60:65], lower[::-1]]))], (220, 220, 225), aa)
+    cv2.polylines(img, [_poly(inner)], True, (30, 20, 50), max(1, t - 1), aa)
+    cv2.polylines(img, [_poly(kp[48:60])], True, tuple(c * 0.7 for c in lip), 1, aa)
 
 
-def _render_to(path: Path, seed_seq: list[int]):
-    img, pts, box = render_face(seed_seq)
-    ok, buf = cv2.imencode(".jpg", cv2.cvtColor(img, cv2.COLOR_RGB2BGR), [cv2.IMWRITE_JPEG_QUALITY, 90])
-    path.write_bytes(buf.tobytes())
-    return pts, box
-
-
-def _xml(name: str, entries: list[tuple[str, tuple, np.ndarray | None]]) -> str:
-    lines = ["<?xml version='1.0' encoding='ISO-8859-1'?>", "<dataset>", f"<name>{name}</name>",
-             "<comment>Synthetic demo faces, 68-point iBUG layout.</comment>", "<images>"]
-    for rel, box, pts in entries:
-        lines.append(f"  <image file='{rel}'>")
-        b = f"top='{int(box[1])}' left='{int(box[0])}' width='{int(box[2])}' height='{int(box[3])}'"
-        if pts is None:
-            lines.append(f"    <box {b}/>")
+def _occlude(img: np.ndarray, rng: np.random.Generator, kp: np.ndarray, s: float) -> None:
+    col = tuple(int(c) for c in rng.integers(0, 256, 3))
+    kind = rng.integers(0, 3)
+    if kind == 0:  # sunglasses bar
+        a, b = kp[36], kp[45]
+        d = (b - a) / (np.linalg.norm(b - a) + 1e-6)
+        n = np.array([-d[1], d[0]]) * s * 0.12
+        bar = np.array([a - d * s * 0.1 + n, b + d * s * 0.1 + n, b + d * s * 0.1 - n, a - d * s * 0.1 - n])
+        cv2.fillPoly(img, [_poly(bar)], (int(col[0]) // 4, int(col[1]) // 4, int(col[2]) // 4), cv2.LINE_AA)
+    else:  # a hand / object blob over some keypoint
+        c = kp[int(rng.integers(0, 68))] + rng.normal(0, s * 0.2, 2)
+        ax = (max(3, int(s * rng.uniform(0.15, 0.4))), max(3, int(s * rng.uniform(0.15, 0.4))))
+        if kind == 1:
+            cv2.ellipse(img, tuple(int(v) for v in c), ax, float(rng.uniform(0, 180)), 0, 360, col, -1, cv2.LINE_AA)
         else:
-            lines.append(f"    <box {b}>")
-            lines += [f"      <part name='{i:02d}' x='{x:.2f}' y='{y:.2f}'/>" for i, (x, y) in enumerate(pts)]
+            cv2.rectangle(img, tuple(int(v) for v in c - ax), tuple(int(v) for v in c + ax), col, -1)
+
+
+def _detector_box(rng: np.random.Generator, kp: np.ndarray) -> tuple[int, int, int, int]:
+    """Keypoint extent, top stretched above the brows (as 300-W's detector boxes), each edge
+    jittered by a few % of the size: (left, top, width, height) integers."""
+    x0, x1 = kp[:, 0].min(), kp[:, 0].max()
+    y1 = kp[:, 1].max()
+    y0 = kp[17:27, 1].min()
+    w, h = x1 - x0, y1 - y0
+    y0 -= 0.12 * h
+    h = y1 - y0
+    j = np.clip(rng.normal(0, 0.04, 4), -0.1, 0.1)
+    left, right = x0 + j[0] * w, x1 + j[1] * w
+    top, bottom = y0 + j[2] * h, y1 + j[3] * h
+    left, top = int(round(left)), int(round(top))
+    return left, top, max(8, int(round(right - left))), max(8, int(round(bottom - top)))
+
+
+_NOISE: list[np.ndarray] = []
+
+
+def _noise_bank() -> np.ndarray:
+    """(400, 400, 3) float32 standard normal noise, the same in every process."""
+    if not _NOISE:
+        _NOISE.append(np.random.default_rng(20240601).standard_normal((400, 400, 3), dtype=np.float32))
+    return _NOISE[0]
+
+
+def _finish(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Lighting gradient, blur, noise, colour or grayscale (grayscale stays 1-channel)."""
+    h, w = img.shape[:2]
+    ang = rng.uniform(0, 2 * math.pi)
+    amp, gain = rng.uniform(-0.9, 0.9), rng.uniform(0.7, 1.25)
+    gx = (np.arange(w, dtype=np.float32) - w / 2) * (math.cos(ang) / max(h, w))
+    gy = (np.arange(h, dtype=np.float32) - h / 2) * (math.sin(ang) / max(h, w))
+    light = (1.0 + amp * (gy[:, None] + gx[None, :])) * gain
+    f = img.astype(np.float32)
+    f *= light[..., None]
+    f += rng.uniform(-25, 25, 3).astype(np.float32)  # colour cast
+    if rng.random() < 0.5:
+        f = cv2.GaussianBlur(f, (0, 0), float(rng.uniform(0.4, 1.6)))
+    sigma = np.float32(rng.uniform(0, 9))
+    bank = _noise_bank()  # a fixed noise field at a random offset: 50x cheaper than fresh noise
+    oy, ox = int(rng.integers(0, bank.shape[0] - h + 1)), int(rng.integers(0, bank.shape[1] - w + 1))
+    noise = bank[oy:oy + h, ox:ox + w]
+    if f.ndim == 2:
+        noise = noise[..., 0]
+    f += noise * sigma
+    np.clip(f, 0, 255, out=f)
+    out = f.astype(np.uint8)
+    if rng.random() < 0.2:
+        out = cv2.cvtColor(out, cv2.COLOR_BGR2GRAY)
+    return out
+
+
+def _render_photo(seed: int, split: int, photo: int, n_faces: int, multi_box: bool) -> dict[str, Any]:
+    """One photo: its JPEG files and faces [(file name, box, (68,2) keypoints)]."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, split, photo]))
+    h, w = int(rng.integers(200, 321)), int(rng.integers(200, 321))
+    if n_faces == 2:
+        w = max(w, 280)
+    img = _background(rng, h, w)
+    faces = []
+    for j in range(n_faces):
+        if rng.random() < 0.7:
+            roll = math.radians(float(np.clip(rng.normal(0, 12), -45, 45)))
+        else:
+            roll = math.radians(float(rng.uniform(-45, 45)))
+        if n_faces == 1:
+            width = rng.uniform(0.32, 0.55) * min(h, w)
+            edge = rng.random() < 0.08  # sometimes partly outside the picture
+            m = -0.15 * width if edge else 0.55 * width
+            cx = rng.uniform(m, w - m) if w - 2 * m > 0 else w / 2
+            cy = rng.uniform(m, h - m) if h - 2 * m > 0 else h / 2
+        else:
+            width = rng.uniform(0.26, 0.36) * w
+            cx = w * (0.27 + 0.46 * j) + rng.uniform(-0.03, 0.03) * w
+            cy = rng.uniform(0.45, 0.55) * h
+        kp, forehead, s, yaw, opening = _face_geometry(rng, (cx, cy), width, roll)
+        _draw_face(img, rng, kp, forehead, s, yaw, opening)
+        if rng.random() < 0.3:
+            _occlude(img, rng, kp, s)
+        faces.append((kp, _detector_box(rng, kp)))
+    img = _finish(img, rng)
+    quality = int(rng.integers(70, 96))
+    ok, buf = cv2.imencode(".jpg", img, [cv2.IMWRITE_JPEG_QUALITY, quality])
+    assert ok
+    data = buf.tobytes()
+    name = f"{photo:06d}"
+    if n_faces == 1 or multi_box:
+        files = {f"{name}_1.jpg": data}
+        entries = [(f"{name}_1.jpg", [(box, kp) for kp, box in faces])]
+    else:  # 300-W style: one file per face of the photo
+        files = {f"{name}_{j + 1}.jpg": data for j in range(n_faces)}
+        entries = [(f"{name}_{j + 1}.jpg", [(box, kp)]) for j, (kp, box) in enumerate(faces)]
+    return {"files": files, "entries": entries}
+
+
+def _plan(seed: int, split: int, n: int, allow_multi_box: bool) -> list[tuple[int, int, bool]]:
+    """(photo, n_faces, multi_box) per photo so that the face count is exactly n."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, split, 1 << 30]))
+    plan, total, photo = [], 0, 0
+    while total < n:
+        nf = 2 if (n - total >= 2 and rng.random() < 0.12) else 1
+        multi = bool(nf == 2 and allow_multi_box and rng.random() < 0.35)
+        plan.append((photo, nf, multi))
+        total += nf
+        photo += 1
+    return plan
+
+
+# --------------------------------------------------------------------------------------
+# files
+
+
+def _xml(name: str, entries: list[tuple[str, list]], with_parts: bool) -> str:
+    lines = ["<?xml version='1.0' encoding='ISO-8859-1'?>",
+             "<?xml-stylesheet type='text/xsl' href='image_metadata_stylesheet.xsl'?>",
+             "<dataset>", f"<name>{name}</name>",
+             "<comment>Synthetic demo faces (pipeline demo-data); 68-point iBUG landmarks; "
+             "boxes imitate a face detector.</comment>", "<images>"]
+    for file, boxes in entries:
+        lines.append(f"  <image file='{file}'>")
+        for (left, top, width, height), kp in boxes:
+            attrs = f"top='{top}' left='{left}' width='{width}' height='{height}'"
+            if not with_parts:
+                lines.append(f"    <box {attrs}/>")
+                continue
+            lines.append(f"    <box {attrs}>")
+            for i, (x, y) in enumerate(kp.astype(np.int64).tolist()):
+                lines.append(f"      <part name='{i:02d}' x='{x}' y='{y}'/>")
             lines.append("    </box>")
         lines.append("  </image>")
-    lines += ["</images>", "</dataset>", ""]
-    return "\n".join(lines)
+    lines += ["</images>", "</dataset>"]
+    return "\n".join(lines) + "\n"
 
 
-def generate_demo(out_dir: str | os.PathLike, n_train: int, n_test: int, seed: int = 0, n_jobs: int = 2) -> Path:
-    """Write the demo set into out_dir (built in a temp folder, then swapped in).
+def _solution(kps: np.ndarray) -> str:
+    flat = np.asarray(kps, dtype=np.float64).reshape(-1)  # face-major, point-major, x then y
+    return "Id,Predicted\n" + "".join(f"{i},{v:.3f}\n" for i, v in enumerate(flat.tolist()))
 
-    Photo numbers are shared by two faces now and then (`<photo>_1`, `<photo>_2`), as in
-    300-W, so that grouped folds have something to group."""
-    from joblib import Parallel, delayed
+
+def _older_demo(folder: Path) -> bool:
+    """A demo folder written before demo.json existed: its train XML says so."""
+    try:
+        with open(folder / TRAIN_XML, "rb") as f:
+            return b"<comment>Synthetic demo faces" in f.read(1000)
+    except OSError:
+        return False
+
+
+def generate_demo(out_dir: str | Path, n_train: int = 400, n_test: int = 60, seed: int = 0,
+                  n_jobs: int = 1) -> Path:
+    """Write the demo data set to `out_dir` (replaced as a whole: built in a temp folder,
+    then renamed into place). Returns out_dir."""
+    from pipeline.crop import staging_dir
 
     if n_train < 1 or n_test < 1:
-        raise PipelineError("params.yaml", "demo.n_train and demo.n_test must be >= 1")
+        raise PipelineError("demo-data", f"need at least one face per split, got n_train={n_train} n_test={n_test}")
     out = Path(out_dir)
-    tmp = out.parent / f".{out.name}.tmp"
-    shutil.rmtree(tmp, ignore_errors=True)
-    (tmp / "images" / "train").mkdir(parents=True)
-    (tmp / "images" / "test").mkdir(parents=True)
-    names = {}
-    for split, n in (("train", n_train), ("test", n_test)):
-        rng = np.random.default_rng([seed, 7 if split == "train" else 11])
-        photo, k, lst = 1000, 1, []
-        for _ in range(n):
-            lst.append(f"images/{split}/{photo}_{k}.jpg")
-            if k == 1 and rng.random() < 0.15:
-                k = 2  # the next face comes from the same photo
+    t0 = time.perf_counter()
+    with staging_dir(out, marker=MARKER, is_ours=_older_demo) as tmp:
+        test_kps = []
+        for split, n in (("train", n_train), ("test", n_test)):
+            sid = SPLITS[split]
+            plan = _plan(seed, sid, n, allow_multi_box=split == "train")
+            if n_jobs == 1:
+                photos = [_render_photo(seed, sid, p, nf, mb) for p, nf, mb in plan]
             else:
-                photo, k = photo + int(rng.integers(1, 50)), 1
-        names[split] = lst
-    jobs = [(split, i, rel) for split in ("train", "test") for i, rel in enumerate(names[split])]
-    res = Parallel(n_jobs=n_jobs, batch_size=16)(
-        delayed(_render_to)(tmp / rel, [seed, 0 if split == "train" else 1, i]) for split, i, rel in jobs)
-    train = [(rel, box, pts) for (split, _, rel), (pts, box) in zip(jobs, res) if split == "train"]
-    test = [(rel, box, pts) for (split, _, rel), (pts, box) in zip(jobs, res) if split == "test"]
-    (tmp / TRAIN_XML).write_text(_xml("Training faces", [(r, b, np.round(p, 2)) for r, b, p in train]))
-    (tmp / TEST_XML).write_text(_xml("Test faces", [(r, b, None) for r, b, _ in test]))
-    # the solution holds the same rounded values the train XML would show
-    vals = np.concatenate([np.round(p, 2).reshape(-1) for _, _, p in test])
-    (tmp / "solution.csv").write_text("Id,Predicted\n" + "".join(f"{i},{v:.2f}\n" for i, v in enumerate(vals)))
-    old = out.parent / f".{out.name}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if out.exists():
-        os.replace(out, old)
-    os.replace(tmp, out)
-    shutil.rmtree(old, ignore_errors=True)
+                from joblib import Parallel, delayed
+
+                photos = Parallel(n_jobs=n_jobs, prefer="threads")(
+                    delayed(_render_photo)(seed, sid, p, nf, mb) for p, nf, mb in plan)
+            folder = tmp / "images" / split
+            folder.mkdir(parents=True)
+            entries = []
+            for ph in photos:
+                for fname, data in ph["files"].items():
+                    (folder / fname).write_bytes(data)
+                entries += [(f"images/{split}/{f}", boxes) for f, boxes in ph["entries"]]
+            if split == "train":
+                (tmp / TRAIN_XML).write_text(_xml("Training faces", entries, True), encoding="ascii")
+            else:
+                (tmp / TEST_XML).write_text(_xml("Test faces", entries, False), encoding="ascii")
+                test_kps = [kp for _, boxes in entries for _, kp in boxes]
+        (tmp / SOLUTION).write_text(_solution(np.stack(test_kps)), encoding="ascii")
+        (tmp / MARKER).write_text(json.dumps({"generator": "pipeline demo-data", "n_train": n_train,
+                                              "n_test": n_test, "seed": seed}, indent=2) + "\n")
+    dt = time.perf_counter() - t0
+    log.info("demo data: %d train + %d test faces in %.1f s (%.0f faces/s) -> %s",
+             n_train, n_test, dt, (n_train + n_test) / max(dt, 1e-9), out)
     return out
 
 
 @click.command("demo-data")
-@click.argument("out", default="data/demo")
-@click.option("--n-train", type=int, default=None, help="training faces [demo.n_train]")
-@click.option("--n-test", type=int, default=None, help="test faces [demo.n_test]")
-@click.option("--seed", type=int, default=None, help="[demo.seed]")
+@click.argument("out", type=click.Path(file_okay=False), default="data/demo")
+@click.option("--n-train", type=int, default=None, help="training faces [params demo.n_train]")
+@click.option("--n-test", type=int, default=None, help="test faces [params demo.n_test]")
+@click.option("--seed", type=int, default=None, help="random seed [params demo.seed]")
 @config_options
 def demo_data_cmd(out, n_train, n_test, seed, cfg):
-    """Write the synthetic demo data set in the competition layout to OUT."""
-    d = cfg["demo"]
-    n_train = d["n_train"] if n_train is None else n_train
-    n_test = d["n_test"] if n_test is None else n_test
-    seed = d["seed"] if seed is None else seed
-    import time
+    """Write the synthetic demo data set (competition layout) to OUT."""
+    from pipeline.config import write_resolved
 
-    t0 = time.perf_counter()
-    generate_demo(out, n_train, n_test, seed)
-    log.info("demo data: %d train + %d test faces in %.1f s -> %s", n_train, n_test, time.perf_counter() - t0, out)
+    d = cfg["demo"]
+    d["n_train"] = d["n_train"] if n_train is None else n_train
+    d["n_test"] = d["n_test"] if n_test is None else n_test
+    d["seed"] = d["seed"] if seed is None else seed
+    generate_demo(out, d["n_train"], d["n_test"], d["seed"])
+    write_resolved(cfg, out, ["demo"])
+    click.echo(f"wrote {d['n_train']} train + {d['n_test']} test demo faces to {out}")

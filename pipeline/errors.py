@@ -16,6 +16,10 @@ class PipelineError(Exception):
         self.where = where
         super().__init__(self.format())
 
+    def __reduce__(self):
+        # picklable, so an error raised in a joblib / DataLoader worker reaches the parent intact
+        return (type(self), (self.path, self.problem, self.where))
+
     def format(self) -> str:
         parts = [p for p in (self.path, self.where) if p]
         prefix = ": ".join(parts)

@@ -1,4 +1,7 @@
-"""Grouped K folds: faces of one photo never sit on both sides of a split."""
+"""Grouped K folds: faces of one photo never sit on both sides of a split.
+
+`pipeline folds` reads `<cache>/train/meta.csv` (cache order) and writes `folds/folds.csv`
+with columns `index, face_id, group, fold`, one row per training face."""
 
 from __future__ import annotations
 
@@ -15,14 +18,18 @@ log = logging.getLogger(__name__)
 
 
 def make_folds(groups, k: int, seed: int) -> np.ndarray:
-    """Fold per face. Groups are shuffled (by seed), then placed largest first into the
-    currently smallest fold, so folds stay balanced even with multi-face photos."""
-    groups = np.asarray(groups)
+    """Fold (0..k-1, int64) per face. Groups are shuffled (by seed), then placed largest first
+    into the currently smallest fold, so folds stay balanced even with multi-face photos and
+    every fold gets at least one group."""
+    groups = np.asarray([str(g) for g in groups])
+    if len(groups) == 0:
+        raise PipelineError("folds", "no faces to split")
     uniq, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
-    if k < 2:
-        raise PipelineError("params.yaml", f"folds.k must be >= 2, got {k}")
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2:
+        raise PipelineError("params.yaml", f"folds.k must be an integer >= 2, got {k!r}")
     if k > len(uniq):
-        raise PipelineError("params.yaml", f"folds.k = {k} but there are only {len(uniq)} photos")
+        raise PipelineError("params.yaml", f"folds.k = {k} but there are only {len(uniq)} photo groups "
+                                           f"({len(groups)} faces)")
     order = np.random.default_rng(seed).permutation(len(uniq))
     order = order[np.argsort(-counts[order], kind="stable")]  # big groups first, ties shuffled
     sizes = np.zeros(k, dtype=np.int64)
@@ -31,11 +38,28 @@ def make_folds(groups, k: int, seed: int) -> np.ndarray:
         f = int(np.argmin(sizes))
         fold_of_group[g] = f
         sizes[f] += counts[g]
-    return fold_of_group[inverse]
+    return fold_of_group[inverse.reshape(-1)]
+
+
+def read_meta(meta_path: str | Path):
+    """The cache's meta.csv with face_id / group as strings."""
+    import pandas as pd
+
+    meta_path = Path(meta_path)
+    if not meta_path.exists():
+        raise PipelineError(meta_path, "not found (run `pipeline crop` first)")
+    try:
+        meta = pd.read_csv(meta_path, dtype={"face_id": str, "group": str, "image": str}, keep_default_na=False)
+    except Exception as e:
+        raise PipelineError(meta_path, f"unreadable CSV ({type(e).__name__})") from None
+    missing = [c for c in ("index", "face_id", "group") if c not in meta.columns]
+    if missing:
+        raise PipelineError(meta_path, f"missing column(s) {missing}")
+    return meta
 
 
 @click.command("folds")
-@click.option("--cache", default="data/cache", show_default=True)
+@click.option("--cache", default="data/cache", show_default=True, help="face cache (reads train/meta.csv)")
 @click.option("--out", "out_path", default="folds/folds.csv", show_default=True)
 @config_options
 def folds_cmd(cache, out_path, cfg):
@@ -43,20 +67,16 @@ def folds_cmd(cache, out_path, cfg):
     import pandas as pd
 
     from pipeline.config import write_resolved
-    from pipeline.io import atomic_path
+    from pipeline.io import write_text
 
-    meta_path = Path(cache) / "train" / "meta.csv"
-    if not meta_path.exists():
-        raise PipelineError(meta_path, "not found (run `pipeline crop` first)")
-    meta = pd.read_csv(meta_path)
+    meta = read_meta(Path(cache) / "train" / "meta.csv")
     fcfg = cfg["folds"]
-    bad = [f for f in fcfg["train"] if not 0 <= f < fcfg["k"]]
+    bad = [f for f in fcfg["train"] if not (isinstance(f, int) and 0 <= f < fcfg["k"])]
     if bad:
         raise PipelineError("params.yaml", f"folds.train has {bad}, folds are 0..{fcfg['k'] - 1}")
     fold = make_folds(meta["group"].to_numpy(), fcfg["k"], fcfg["seed"])
     df = pd.DataFrame({"index": meta["index"], "face_id": meta["face_id"], "group": meta["group"], "fold": fold})
-    with atomic_path(out_path, suffix=".csv") as tmp:
-        df.to_csv(tmp, index=False)
+    write_text(out_path, df.to_csv(index=False))
     write_resolved(cfg, Path(out_path).parent, ["folds"], name="folds.params.yaml")
-    log.info("%d faces in %d folds of sizes %s -> %s", len(df), fcfg["k"],
-             np.bincount(fold, minlength=fcfg["k"]).tolist(), out_path)
+    log.info("%d faces (%d photo groups) in %d folds of sizes %s -> %s", len(df), df["group"].nunique(),
+             fcfg["k"], np.bincount(fold, minlength=fcfg["k"]).tolist(), out_path)

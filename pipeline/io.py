@@ -14,6 +14,9 @@ from typing import Any, Iterator
 
 import numpy as np
 
+_UMASK = os.umask(0)
+os.umask(_UMASK)
+
 
 @contextlib.contextmanager
 def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
@@ -26,6 +29,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix + ".tmp")
     os.close(fd)
+    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual mode
     tmp_path = Path(tmp)
     try:
         yield tmp_path
@@ -36,6 +40,19 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         with contextlib.suppress(FileNotFoundError):
             tmp_path.unlink()
         raise
+
+
+def remove_stale_temps(folder: str | os.PathLike, names) -> list[Path]:
+    """Delete the temp files that `atomic_path` left for `names` in `folder` when its
+    process was killed mid-write (kill -9 skips the cleanup). Call it only where no other
+    process writes those names at the same time (e.g. a stage's own output folder)."""
+    removed = []
+    for name in names:
+        for p in Path(folder).glob(f".{name}.*.tmp"):
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+                removed.append(p)
+    return removed
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:

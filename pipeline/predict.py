@@ -124,10 +124,12 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stack = np.stack(per_fold)  # (F, N, K, 2)
-    with atomic_path(out / "test.npz", suffix=".npz") as tmp:
-        np.savez(tmp, ensemble=stack.mean(0), per_fold=stack, folds=np.array(sorted(ckpts)))
-    with atomic_path(out / "oof.npz", suffix=".npz") as tmp:
-        np.savez(tmp, tta=oof["tta"], plain=oof["plain"], fold=fold_of)
+    # np.savez to an open file: given a path it appends '.npz' to the temp name ('.npz.tmp'),
+    # writes there, and the empty temp would be renamed onto the output
+    with atomic_path(out / "test.npz", suffix=".npz") as tmp, open(tmp, "wb") as f:
+        np.savez(f, ensemble=stack.mean(0), per_fold=stack, folds=np.array(sorted(ckpts)))
+    with atomic_path(out / "oof.npz", suffix=".npz") as tmp, open(tmp, "wb") as f:
+        np.savez(f, tta=oof["tta"], plain=oof["plain"], fold=fold_of)
     write_resolved(cfg, out, ["predict"])
     log.info("predicted %d test faces with %d fold(s), tta=%s -> %s", len(test), len(ckpts), pcfg["tta"], out)
 

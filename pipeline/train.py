@@ -63,15 +63,16 @@ class NonFiniteLoss(PipelineError):
 
 
 def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState, device, amp,
-                    grad_clip: float = 0.0, desc: str = "train") -> dict[str, float]:
-    """One pass over `loader` (a DeviceLoader). Checks the loss every step."""
+                    grad_clip: float = 0.0, desc: str = "train", progress: bool = True) -> dict[str, float]:
+    """One pass over `loader` (a DeviceLoader). Checks the loss every step. `progress`
+    False hides the bar (DDP ranks other than 0)."""
     from tqdm import tqdm
 
     from pipeline.device import autocast
 
     model.train()
     total, seen, t0 = 0.0, 0, time.perf_counter()
-    bar = tqdm(loader, desc=desc, unit="batch", leave=False, dynamic_ncols=True)
+    bar = tqdm(loader, desc=desc, unit="batch", leave=False, dynamic_ncols=True, disable=not progress)
     for images, target, _ in bar:  # (B, C, H, W) float, (B, K, 2) input px
         lr = get_lr(state.step, state.total_steps, state.warmup_steps, state.peak_lr)
         for g in optimizer.param_groups:
@@ -134,6 +135,9 @@ def init_distributed(device_name: str) -> tuple[int, int, str]:
         return 0, 1, device_name
     rank, local = int(os.environ["RANK"]), int(os.environ.get("LOCAL_RANK", "0"))
     use_cuda = device_name.startswith("cuda") or (device_name == "auto" and torch.cuda.is_available())
+    if use_cuda and local >= torch.cuda.device_count():
+        raise PipelineError("torchrun", f"LOCAL_RANK {local} needs cuda:{local} but {torch.cuda.device_count()} "
+                                        "CUDA device(s) are visible: lower --nproc-per-node")
     if not dist.is_initialized():
         dist.init_process_group("nccl" if use_cuda else "gloo")
     return rank, world, (f"cuda:{local}" if use_cuda else "cpu")
@@ -161,7 +165,7 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     from pipeline.crop import load_cache
     from pipeline.data import DeviceLoader, EpochSampler, FaceDataset, make_loader
     from pipeline.device import amp_dtype, resolve_device, use_channels_last
-    from pipeline.io import write_json
+    from pipeline.io import remove_stale_temps, write_json
     from pipeline.losses import build_loss
     from pipeline.models import create_model
 
@@ -183,6 +187,8 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
 
     rank, world, device_name = init_distributed(tcfg["device"])
     is_main = rank == 0  # only rank 0 writes checkpoints, metrics and DVCLive logs
+    if not is_main:  # and only rank 0 logs progress: the other ranks report warnings only
+        log.setLevel(logging.WARNING)
     if tcfg["batch_size"] % world:
         raise PipelineError("params.yaml", f"train.batch_size {tcfg['batch_size']} is not divisible by "
                                            f"the {world} DDP processes")
@@ -241,20 +247,26 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
 
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
+        # temp files of a run killed mid-write (kill -9) are never renamed onto an output
+        for p in remove_stale_temps(out, (last_path.name, "best.pt", "metrics.json", "params.resolved.yaml")):
+            log.info("fold %d: removed %s left by an interrupted run", fold, p)
         write_resolved(cfg, out, TRAIN_SECTIONS)
     live = _open_live(live_dir, resume=start_epoch > 0) if is_main else None
     log.info("fold %d: %d train / %d val faces, %s on %s, amp=%s, %d epochs", fold, len(train_idx),
              len(val_idx), mcfg["preset"], device, amp, tcfg["epochs"])
     end_epoch = tcfg["epochs"] if max_epochs is None else min(tcfg["epochs"], max_epochs)
     for epoch in range(start_epoch, end_epoch):
-        # seed per epoch: a resumed run draws the same augmentations as an uninterrupted one
-        torch.manual_seed(tcfg["seed"] * 1000 + epoch)
+        # seed per epoch: a resumed run draws the same augmentations as an uninterrupted one;
+        # per rank too, or every DDP rank would draw the same augmentation sequence
+        epoch_seed = tcfg["seed"] * 1000 + epoch + 1_000_003 * rank
+        torch.manual_seed(epoch_seed)
         sampler.set_epoch(epoch)
         loader = DeviceLoader(make_loader(dataset, rank_batch, sampler, device, tcfg["num_workers"],
-                                          drop_last=False, seed=tcfg["seed"] * 1000 + epoch),
+                                          drop_last=False, seed=epoch_seed),
                               device, channels_last)
         tr = train_one_epoch(net, loader, loss_fn, optimizer, scaler, state, device, amp,
-                             tcfg["grad_clip"], desc=f"fold {fold} epoch {epoch + 1}/{tcfg['epochs']}")
+                             tcfg["grad_clip"], desc=f"fold {fold} epoch {epoch + 1}/{tcfg['epochs']}",
+                             progress=is_main)
         tr["images_per_s"] *= world  # every rank trains on its own share at the same pace
         ev = evaluate(model, cache, val_idx, ckpt_meta, 64, device)
         row = {"epoch": epoch + 1, "train_loss": tr["loss"], "val_mae": ev["mae"], "val_nme": ev["nme"],

@@ -45,3 +45,66 @@ def tiny_workspace(tmp_path_factory, demo_dir) -> Path:
     pd.DataFrame({"index": meta["index"], "face_id": meta["face_id"], "group": meta["group"],
                   "fold": make_folds(meta["group"], 2, 0)}).to_csv(ws / "folds.csv", index=False)
     return ws
+
+
+def _xml_text(entries) -> str:
+    """imglab XML for entries [(file, [(box (l, t, w, h), parts or None), ...])]; parts is an
+    (K, 2) array (named 00..) or a list of (name, x, y) with raw attribute strings."""
+    lines = ["<?xml version='1.0' encoding='ISO-8859-1'?>", "<dataset>", "<images>"]
+    for file, boxes in entries:
+        lines.append(f"  <image file='{file}'>")
+        for box, parts in boxes:
+            attrs = "top='{1}' left='{0}' width='{2}' height='{3}'".format(*box)
+            if parts is None:
+                lines.append(f"    <box {attrs}/>")
+                continue
+            lines.append(f"    <box {attrs}>")
+            if not isinstance(parts, list):
+                parts = [(f"{i:02d}", x, y) for i, (x, y) in enumerate(parts.tolist())]
+            lines += [f"      <part name='{n}' x='{x}' y='{y}'/>" for n, x, y in parts]
+            lines.append("    </box>")
+        lines.append("  </image>")
+    lines += ["</images>", "</dataset>", ""]
+    return "\n".join(lines)
+
+
+@pytest.fixture
+def make_dataset(tmp_path):
+    """Factory for small on-disk data sets in the competition layout:
+    make_dataset(images={rel: RGB uint8 array | bytes}, train=entries, test=entries) -> folder.
+    Arrays are written with cv2.imwrite (by extension); entries as for `_xml_text`; a str
+    for train/test is written verbatim (for malformed files). Returns the folder."""
+    import cv2
+    import numpy as np
+
+    counter = {"n": 0}
+
+    def make(images=None, train=None, test=None, name=None):
+        counter["n"] += 1
+        root = tmp_path / (name or f"ds{counter['n']}")
+        root.mkdir(parents=True)
+        for rel, img in (images or {}).items():
+            p = root / rel
+            p.parent.mkdir(parents=True, exist_ok=True)
+            if isinstance(img, (bytes, bytearray)):
+                p.write_bytes(img)
+            else:
+                arr = np.asarray(img)
+                if arr.ndim == 3 and arr.shape[2] in (3, 4):
+                    arr = arr[..., [2, 1, 0, 3][:arr.shape[2]]]  # RGB(A) -> BGR(A)
+                assert cv2.imwrite(str(p), arr), p
+        for fname, entries in (("labels_ibug_300W_train.xml", train), ("labels_ibug_300W_test_parsed.xml", test)):
+            if entries is not None:
+                (root / fname).write_text(entries if isinstance(entries, str) else _xml_text(entries))
+        return root
+
+    return make
+
+
+@pytest.fixture
+def face_points():
+    """A plausible (68, 2) face inside box (40, 40, 80, 90): the demo template, placed."""
+    from pipeline.demo import TEMPLATE
+
+    pts = TEMPLATE[:, :2].copy()
+    return (pts - pts.min(0)) / (pts.max(0) - pts.min(0)) * [80, 90] + [40, 40]

@@ -195,7 +195,8 @@ class ResUNet(nn.Module):
                  block: str = "bottleneck", depths: Sequence[int] = (3, 4, 6, 3), width: float = 1.0,
                  stem_widths: Sequence[int] = STEM_WIDTHS, decoder_widths: Sequence[int] | None = None,
                  decoder_block: str | None = None, upsample: str = "deconv", blurpool: bool = True,
-                 act: str = "relu", input_skip: bool = True, zero_init_last: bool = True):
+                 act: str = "relu", input_skip: bool = True, zero_init_last: bool = True,
+                 decoder_levels: int = 5):
         super().__init__()
         if input_size % 32:
             raise PipelineError(None, f"input_size must be a multiple of 32 (5 halvings), got {input_size}")
@@ -207,6 +208,12 @@ class ResUNet(nn.Module):
         if decoder_widths is None:  # unset: the ResUNet-72 decoder at this width
             decoder_widths = [make_divisible(w * width) for w in DECODER_WIDTHS]
         decoder_widths = _ints("decoder_widths", decoder_widths, 5)
+        if isinstance(decoder_levels, bool) or decoder_levels not in (1, 2, 3, 4, 5):
+            raise PipelineError(None, f"decoder_levels must be 1..5, got {decoder_levels!r}")
+        # fewer levels stop the decoder at 1/2^(5-levels) of the input: the soft-argmax then
+        # runs on a coarser, wider map (sub-pixel positions come from the expectation), which
+        # is far cheaper on CPUs than 68 full-resolution maps
+        self.decoder_levels = decoder_levels
         block_fn = get_block(block)
         dec_block_fn = get_block(decoder_block or block)
         act_layer, norm_layer = get_act_layer(act), nn.BatchNorm2d
@@ -220,7 +227,7 @@ class ResUNet(nn.Module):
         # skips for the decoder levels /16, /8, /4, /2, /1
         skip_chs = [stage_chs[2], stage_chs[1], stage_chs[0], stem_widths[1], in_chans if input_skip else 0]
         levels, in_chs = [], stage_chs[3]
-        for out_chs, s in zip(decoder_widths, skip_chs):
+        for out_chs, s in list(zip(decoder_widths, skip_chs))[:decoder_levels]:
             levels.append(DecoderBlock(in_chs, s, out_chs, dec_block_fn, upsample=upsample, act_layer=act_layer,
                                        norm_layer=norm_layer, zero_init_last=zero_init_last))
             in_chs = out_chs
@@ -256,7 +263,7 @@ class ResUNet(nn.Module):
         skips = [feats[4], feats[3], feats[2], feats[1], feats[0] if self.input_skip else None]  # /16 ... /1
         for level, skip in zip(self.decoder, skips):
             x = level(x, skip)  # resolution x2 per level
-        return x  # (B, D, H, W)
+        return x  # (B, D, H, W) with all 5 levels, coarser with fewer
 
     def forward_head(self, x: torch.Tensor, input_hw: tuple[int, int] | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -283,11 +290,14 @@ def resunet72(**kwargs) -> ResUNet:
 
 @register_model(input_size=96)
 def resunet_tiny(**kwargs) -> ResUNet:
-    """CPU model: ResNet-10-style basic-block body at half width, small decoder"""
+    """CPU model: ResNet-10-style basic-block body at half width, decoder to 1/4 resolution"""
     # on a CPU the full-resolution end dominates (68 maps of 96x96 through the 1x1 head and
-    # the softmax cost more than the whole encoder), so the last decoder level is only 8 wide
+    # the softmax cost more than the whole encoder), and an 8-channel full-resolution map
+    # learns slowly; three decoder levels end at 1/4 (24x24 maps at 96 px, 32 channels).
+    # No zero-gamma: on short CPU schedules it slows the first epochs down a lot.
     return _create_resunet(dict(block="basic", depths=(1, 1, 1, 1), width=0.5,
-                                decoder_widths=(128, 64, 32, 16, 8)), kwargs)
+                                decoder_widths=(128, 64, 32, 16, 8), decoder_levels=3,
+                                zero_init_last=False), kwargs)
 
 
 @register_model(input_size=128)

@@ -1,0 +1,480 @@
+"""Pictures, all drawn with OpenCV and written as PNG (atomically):
+
+- `pipeline show`: a contact sheet of test predictions on the original photos, and the
+  worst out-of-fold faces with truth and prediction overlaid and the per-face error;
+- `pipeline heatmaps`: the soft-argmax probability maps of chosen keypoints over a face;
+- `pipeline filters`: the first conv layer's filters of a checkpoint.
+
+The drawing helpers here (part colours, points, labels, sheets) are shared with
+`predict-image` (pipeline/detect.py) and `morph` (pipeline/morph.py). Images are RGB
+uint8 in memory (docs/design.md) and converted to BGR only when written."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+from pathlib import Path
+from typing import Sequence
+
+import click
+import cv2
+import numpy as np
+
+from pipeline.cli import config_options
+from pipeline.errors import PipelineError
+
+log = logging.getLogger(__name__)
+
+# one colour per face part (RGB), in the order of schema.groups
+PART_COLORS = [(255, 200, 0), (0, 200, 255), (255, 90, 200), (80, 255, 80), (255, 80, 80), (160, 120, 255),
+               (255, 255, 255), (255, 160, 60)]
+TRUTH_COLOR = (40, 230, 40)
+PRED_COLOR = (255, 50, 50)
+BOX_COLOR = (255, 230, 0)
+SHEET_BG = (24, 24, 24)
+HEADER_H = 20
+GAP = 2
+FONT = cv2.FONT_HERSHEY_SIMPLEX
+
+# iBUG 68: eye outer corners, nose tip, mouth corners (the seed's interpretability figure)
+DEFAULT_HEATMAP_POINTS = (36, 45, 30, 48, 54)
+
+
+# --------------------------------------------------------------------------------------
+# drawing helpers
+
+
+def point_colors(schema, k: int | None = None) -> list[tuple[int, int, int]]:
+    """RGB colour of each keypoint by face part (schema.groups); one colour without groups."""
+    k = schema.k if k is None else k
+    colors = [PART_COLORS[0]] * k
+    for g, idx in enumerate(getattr(schema, "groups", {}).values()):
+        for i in idx:
+            if i < k:
+                colors[i] = PART_COLORS[g % len(PART_COLORS)]
+    return colors
+
+
+def _fix(v: float) -> int:
+    return int(round(float(v) * 16))  # 4 fractional bits (shift=4): sub-pixel drawing
+
+
+def draw_points(img: np.ndarray, pts: np.ndarray, colors, radius: float = 1.5) -> np.ndarray:
+    """Filled anti-aliased dots at (K, 2) pixel-centre coordinates, in place. `colors` is one
+    colour or one per point. Non-finite points are skipped."""
+    pts = np.asarray(pts, dtype=np.float64).reshape(-1, 2)
+    if isinstance(colors, tuple):
+        colors = [colors] * len(pts)
+    r = max(1, _fix(radius))
+    for (x, y), c in zip(pts, colors):
+        if np.isfinite(x) and np.isfinite(y):
+            cv2.circle(img, (_fix(x), _fix(y)), r, tuple(int(v) for v in c), -1, cv2.LINE_AA, shift=4)
+    return img
+
+
+def draw_lines(img: np.ndarray, a: np.ndarray, b: np.ndarray, color, thickness: int = 1) -> np.ndarray:
+    for p, q in zip(np.asarray(a).reshape(-1, 2), np.asarray(b).reshape(-1, 2)):
+        if np.all(np.isfinite(p)) and np.all(np.isfinite(q)):
+            cv2.line(img, (_fix(p[0]), _fix(p[1])), (_fix(q[0]), _fix(q[1])), color, thickness, cv2.LINE_AA, shift=4)
+    return img
+
+
+def draw_box(img: np.ndarray, corners: np.ndarray, color=BOX_COLOR, thickness: int = 1) -> np.ndarray:
+    """Rectangle from two pixel-centre corners [[x0, y0], [x1, y1]], in place."""
+    (x0, y0), (x1, y1) = np.asarray(corners, dtype=np.float64)
+    cv2.rectangle(img, (_fix(x0), _fix(y0)), (_fix(x1), _fix(y1)), color, thickness, cv2.LINE_AA, shift=4)
+    return img
+
+
+def box_corners(box: Sequence[float]) -> np.ndarray:
+    """[left, top, w, h] in edge coordinates -> pixel-centre corners [[x0, y0], [x1, y1]]."""
+    left, top, w, h = (float(v) for v in box)
+    return np.array([[left - 0.5, top - 0.5], [left + w - 0.5, top + h - 0.5]])
+
+
+def put_label(img: np.ndarray, text: str, org: tuple[int, int] = (2, 2), scale: float = 0.35,
+              color=(255, 255, 255), bg=(0, 0, 0)) -> np.ndarray:
+    """Text with a filled background box; `org` is the box's top-left corner. In place."""
+    (tw, th), base = cv2.getTextSize(text, FONT, scale, 1)
+    x, y = org
+    cv2.rectangle(img, (x, y), (x + tw + 3, y + th + base + 2), bg, -1)
+    cv2.putText(img, text, (x + 1, y + th + 1), FONT, scale, color, 1, cv2.LINE_AA)
+    return img
+
+
+def sheet_size(n: int, tile: int | tuple[int, int], cols: int, title: bool) -> tuple[int, int]:
+    """(height, width) of `contact_sheet` for n tiles."""
+    th, tw = (tile, tile) if isinstance(tile, int) else tile
+    rows = max(1, math.ceil(n / cols))
+    return (HEADER_H if title else 0) + rows * th + (rows + 1) * GAP, cols * tw + (cols + 1) * GAP
+
+
+def contact_sheet(tiles: Sequence[np.ndarray], cols: int | None = None, title: str | None = None,
+                  bg=SHEET_BG) -> np.ndarray:
+    """Equal-size RGB tiles in a grid (row-major), GAP px apart, with an optional title strip."""
+    if not len(tiles):
+        raise ValueError("contact_sheet: no tiles")
+    th, tw = tiles[0].shape[:2]
+    cols = cols or math.ceil(math.sqrt(len(tiles)))
+    h, w = sheet_size(len(tiles), (th, tw), cols, title is not None)
+    sheet = np.empty((h, w, 3), dtype=np.uint8)
+    sheet[:] = bg
+    y0 = HEADER_H if title is not None else 0
+    if title is not None:
+        cv2.putText(sheet, title, (GAP + 1, HEADER_H - 6), FONT, 0.4, (235, 235, 235), 1, cv2.LINE_AA)
+    for i, t in enumerate(tiles):
+        r, c = divmod(i, cols)
+        y, x = y0 + GAP + r * (th + GAP), GAP + c * (tw + GAP)
+        sheet[y:y + th, x:x + tw] = t
+    return sheet
+
+
+def publish(path: str | os.PathLike, data: bytes, suffix: str = "") -> Path:
+    """Write bytes atomically (temp file + rename), readable like any new file (the temp
+    file mkstemp makes is private)."""
+    from pipeline.io import atomic_path
+
+    path = Path(path)
+    umask = os.umask(0)
+    os.umask(umask)
+    with atomic_path(path, suffix=suffix) as tmp:
+        tmp.write_bytes(data)
+        os.chmod(tmp, 0o666 & ~umask)
+    return path
+
+
+def write_png(path: str | os.PathLike, rgb: np.ndarray) -> Path:
+    """RGB uint8 -> PNG, written to a temp file and renamed."""
+    # encoded in memory: the temp name atomic_path makes ends in '.tmp', and cv2.imwrite
+    # picks its codec by the extension
+    ok, buf = cv2.imencode(".png", cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR))
+    if not ok:
+        raise PipelineError(path, "cannot encode PNG")
+    return publish(path, buf.tobytes(), ".png")
+
+
+def face_tile(image: np.ndarray, box: Sequence[float], size: int, expand: float = 1.35):
+    """A square `size` px view of the photo around the box: (tile RGB, (2, 3) tile->photo affine)."""
+    from pipeline.crop import crop_one, crop_transform
+
+    a = crop_transform(box, expand, size)
+    return crop_one(image, a, size), a
+
+
+def to_tile(points: np.ndarray, a: np.ndarray) -> np.ndarray:
+    """(K, 2) photo pixels -> tile pixels through the tile->photo affine `a`."""
+    from pipeline.crop import to_crop
+
+    return to_crop(np.asarray(points, dtype=np.float64)[None], np.asarray(a)[None])[0]
+
+
+class PhotoReader:
+    """Original photos of a cache split, decoded once each."""
+
+    def __init__(self, root: str | os.PathLike, source: str | os.PathLike):
+        self.root, self.source, self._cache = Path(root), source, {}
+
+    def __call__(self, rel: str) -> np.ndarray:
+        from pipeline.dataset import read_image, safe_image_path
+
+        if rel not in self._cache:
+            self._cache[rel] = read_image(safe_image_path(self.root, rel, self.source))
+        return self._cache[rel]
+
+
+def meta_box(row) -> tuple[float, float, float, float]:
+    return (float(row.box_left), float(row.box_top), float(row.box_width), float(row.box_height))
+
+
+def _load_npz(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    if not path.exists():
+        raise PipelineError(path, "predictions not found (run `pipeline predict` first)")
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            missing = [k for k in keys if k not in z]
+            if missing:
+                raise PipelineError(path, f"missing array(s) {', '.join(missing)}")
+            return {k: z[k] for k in keys}
+    except PipelineError:
+        raise
+    except Exception as e:
+        raise PipelineError(path, f"not a readable .npz file ({type(e).__name__})") from None
+
+
+# --------------------------------------------------------------------------------------
+# show: test predictions and worst out-of-fold faces
+
+
+def per_face_mae(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """(N,) mean absolute coordinate error per face (evaluate.mae per face); NaN when unpredicted."""
+    return np.abs(np.asarray(pred, np.float64) - np.asarray(truth, np.float64)).mean(axis=(1, 2))
+
+
+def test_sheet(cache, pred: np.ndarray, photos: PhotoReader, n: int, tile: int) -> np.ndarray:
+    """Predictions of n test faces (evenly spread over the split) on their photos."""
+    n = min(n, len(cache))
+    idx = np.unique(np.linspace(0, len(cache) - 1, n).round().astype(int))
+    colors = point_colors(cache.schema)
+    radius = max(1.0, tile / 80)
+    tiles = []
+    for i in idx:
+        row = cache.meta.iloc[i]
+        t, a = face_tile(photos(row.image), meta_box(row), tile)
+        draw_box(t, to_tile(box_corners(meta_box(row)), a))
+        draw_points(t, to_tile(pred[i], a), colors, radius)
+        put_label(t, f"{i}")
+        tiles.append(t)
+    return contact_sheet(tiles, title=f"test predictions ({len(tiles)} of {len(cache)})")
+
+
+def worst_sheet(cache, pred: np.ndarray, photos: PhotoReader, n: int, tile: int) -> np.ndarray | None:
+    """The n out-of-fold faces with the largest per-face MAE: truth (green) and prediction
+    (red) on the photo, joined by lines, the error written on each. None: no OOF faces."""
+    err = per_face_mae(pred, cache.keypoints_orig)
+    ok = np.flatnonzero(np.isfinite(err))
+    if not len(ok):
+        return None
+    worst = ok[np.argsort(-err[ok], kind="stable")[:n]]
+    radius = max(1.0, tile / 96)
+    tiles = []
+    for i in worst:
+        row = cache.meta.iloc[i]
+        t, a = face_tile(photos(row.image), meta_box(row), tile)
+        truth, p = to_tile(cache.keypoints_orig[i], a), to_tile(pred[i], a)
+        draw_lines(t, truth, p, (255, 255, 0))
+        draw_points(t, truth, TRUTH_COLOR, radius)
+        draw_points(t, p, PRED_COLOR, radius)
+        put_label(t, f"{i}: {err[i]:.1f}px")
+        tiles.append(t)
+    return contact_sheet(tiles, title=f"worst {len(tiles)} OOF (MAE) green=truth red=pred")
+
+
+def run_show(cfg: dict, cache_dir: str, predictions: str, data_dir: str | None, out_dir: str, n: int,
+             worst: int, tile: int) -> dict[str, Path]:
+    from pipeline.crop import DEMO_DIR, load_cache
+
+    if tile < 16:
+        raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
+    root = Path(data_dir or cfg["data"]["dir"] or DEMO_DIR)
+    out = Path(out_dir)
+    written: dict[str, Path] = {}
+    if n > 0:
+        test = load_cache(Path(cache_dir) / "test")
+        ens = _load_npz(Path(predictions) / "test.npz", ["ensemble"])["ensemble"]
+        if ens.shape != (len(test), test.schema.k, 2):
+            raise PipelineError(Path(predictions) / "test.npz", f"ensemble has shape {ens.shape}, the test cache "
+                                                                f"needs {(len(test), test.schema.k, 2)}")
+        photos = PhotoReader(root, Path(test.info.get("xml", root)))
+        written["test"] = write_png(out / "test_sheet.png", test_sheet(test, ens, photos, n, tile))
+    if worst > 0:
+        train = load_cache(Path(cache_dir) / "train")
+        tta = _load_npz(Path(predictions) / "oof.npz", ["tta"])["tta"]
+        if train.keypoints_orig is None or tta.shape != train.keypoints_orig.shape:
+            raise PipelineError(Path(predictions) / "oof.npz", f"tta has shape {tta.shape}, the train cache "
+                                                               f"needs {(len(train), train.schema.k, 2)}")
+        photos = PhotoReader(root, Path(train.info.get("xml", root)))
+        sheet = worst_sheet(train, tta, photos, worst, tile)
+        if sheet is None:
+            log.warning("%s: no out-of-fold predictions (no trained fold has validation faces); "
+                        "worst_oof.png not written", Path(predictions) / "oof.npz")
+        else:
+            written["worst"] = write_png(out / "worst_oof.png", sheet)
+    for p in written.values():
+        log.info("wrote %s", p)
+    return written
+
+
+@click.command("show")
+@click.option("--cache", default="data/cache", show_default=True, help="face cache folder (from `crop`)")
+@click.option("--predictions", default="predictions", show_default=True, help="folder with test.npz and oof.npz")
+@click.option("--data-dir", default=None, help="dataset folder with the photos [default: params data.dir]")
+@click.option("--out", "out_dir", default="plots/show", show_default=True)
+@click.option("--n", "n", default=16, show_default=True, help="test faces on the sheet (0: no test sheet)")
+@click.option("--worst", default=16, show_default=True, help="worst OOF faces (0: no worst sheet)")
+@click.option("--tile", default=96, show_default=True, help="tile side in pixels")
+@config_options
+def show_cmd(cache, predictions, data_dir, out_dir, n, worst, tile, cfg):
+    """Contact sheets: test predictions on the photos, and the worst out-of-fold faces."""
+    for p in run_show(cfg, cache, predictions, data_dir, out_dir, n, worst, tile).values():
+        click.echo(str(p))
+
+
+# --------------------------------------------------------------------------------------
+# heatmaps
+
+
+def parse_points(text: str | None, schema) -> list[int]:
+    if text is None:
+        if schema.k == 68:
+            return list(DEFAULT_HEATMAP_POINTS)
+        return list(range(min(schema.k, 5)))
+    try:
+        pts = [int(t) for t in text.replace(" ", "").split(",") if t != ""]
+    except ValueError:
+        raise PipelineError(None, f"--points must be comma-separated integers, got '{text}'") from None
+    bad = [p for p in pts if not 0 <= p < schema.k]
+    if not pts or bad:
+        raise PipelineError(None, f"--points must be indices 0..{schema.k - 1}, got '{text}'")
+    return pts
+
+
+def _is_index(text: str) -> bool:
+    return text.strip().lstrip("-").isdigit() and not Path(text).exists()
+
+
+def face_from_source(source: str, ckpt: dict, cache_dir: str, split: str = "test"):
+    """The network's view of a face: (crop RGB uint8 (S, S, 3), description). `source` is an
+    integer index into the cache split, or a photo path (the largest Haar face is used)."""
+    from pipeline.crop import crop_one, crop_transform, load_cache
+    from pipeline.dataset import read_image
+
+    if _is_index(source):
+        cache = load_cache(Path(cache_dir) / split)
+        i = int(source)
+        if not 0 <= i < len(cache):
+            raise PipelineError(Path(cache_dir) / split, f"face index {i} out of range (0..{len(cache) - 1})")
+        return np.array(cache.faces[i]), f"{split} face {i} ({cache.meta.iloc[i].face_id})"
+    from pipeline.detect import checkpoint_crop, locate_faces
+
+    image = read_image(source)
+    boxes, _ = locate_faces(image)
+    if not len(boxes):
+        raise PipelineError(source, "no face found in the photo")
+    size, expand = checkpoint_crop(ckpt)
+    return crop_one(image, crop_transform(boxes[0], expand, size), size), f"{Path(source).name}"
+
+
+def probability_maps(model, face: np.ndarray, in_chans: int, input_size: int):
+    """(coords (K, 2) input px, probs (K, H, W), network-input face RGB (H, W, 3))."""
+    import torch
+
+    from pipeline.data import faces_to_chw, normalize_batch
+    from pipeline.predict import _resize_batch
+
+    x = faces_to_chw(face[None], in_chans)
+    with torch.no_grad():
+        coords, probs = model.forward_maps(_resize_batch(normalize_batch(x), input_size))
+    view = cv2.resize(face, (input_size, input_size), interpolation=cv2.INTER_AREA
+                      if face.shape[0] > input_size else cv2.INTER_LINEAR)
+    return coords[0].float().numpy(), probs[0].float().numpy(), view
+
+
+def overlay_map(face: np.ndarray, prob: np.ndarray, tile: int, alpha: float = 0.65) -> np.ndarray:
+    """A probability map (H, W) as a colormap over the (grayed) face, both resized to tile."""
+    base = cv2.resize(face, (tile, tile), interpolation=cv2.INTER_LINEAR)
+    gray = cv2.cvtColor(cv2.cvtColor(base, cv2.COLOR_RGB2GRAY), cv2.COLOR_GRAY2RGB).astype(np.float32) * 0.8
+    p = cv2.resize(prob.astype(np.float32), (tile, tile), interpolation=cv2.INTER_LINEAR)
+    p = p / max(float(p.max()), 1e-12)
+    heat = cv2.cvtColor(cv2.applyColorMap((p * 255).astype(np.uint8), cv2.COLORMAP_JET), cv2.COLOR_BGR2RGB)
+    a = (alpha * np.sqrt(np.clip(p, 0, 1)))[..., None]
+    return (gray * (1 - a) + heat.astype(np.float32) * a).round().clip(0, 255).astype(np.uint8)
+
+
+def heatmap_figure(model, ckpt: dict, face: np.ndarray, points: Sequence[int], tile: int,
+                   alpha: float = 0.65) -> np.ndarray:
+    """One row: the face with the chosen points, then one map panel per point."""
+    from pipeline.schema import schema_from_dict
+
+    if not hasattr(model, "forward_maps"):
+        raise PipelineError(None, f"model '{ckpt['model_config'].get('preset')}' regresses coordinates "
+                                  "directly and has no heatmaps (forward_maps); use a heatmap model (resunet-*)")
+    cfg = ckpt["model_config"]
+    schema = schema_from_dict(ckpt["schema"])
+    coords, probs, view = probability_maps(model, face, cfg["in_chans"], cfg["input_size"])
+    s = tile / cfg["input_size"]
+    pts_tile = (coords + 0.5) * s - 0.5  # input px -> tile px (pixel centres at integers)
+    colors = point_colors(schema)
+    face_panel = cv2.resize(view, (tile, tile), interpolation=cv2.INTER_LINEAR)
+    draw_points(face_panel, pts_tile[list(points)], [colors[p] for p in points], max(1.5, tile / 64))
+    put_label(face_panel, "face")
+    panels = [face_panel]
+    for p in points:
+        panel = overlay_map(view, probs[p], tile, alpha)
+        x, y = pts_tile[p]
+        cv2.drawMarker(panel, (int(round(x)), int(round(y))), (255, 255, 255), cv2.MARKER_CROSS,
+                       max(5, tile // 16), 1, cv2.LINE_AA)
+        put_label(panel, f"{p} {schema.names[p]}")
+        panels.append(panel)
+    return contact_sheet(panels, cols=len(panels))
+
+
+@click.command("heatmaps")
+@click.argument("image_or_index")
+@click.option("--checkpoint", required=True, help="heatmap model checkpoint (e.g. models/fold0/best.pt)")
+@click.option("--cache", default="data/cache", show_default=True, help="face cache, for an integer IMAGE_OR_INDEX")
+@click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
+@click.option("--points", default=None, help="keypoint indices [default: 36,45,30,48,54 (eye corners, "
+                                             "nose tip, mouth corners) for iBUG 68]")
+@click.option("--tile", default=128, show_default=True, help="panel side in pixels")
+@click.option("--alpha", default=0.65, show_default=True, help="heatmap opacity at its peak")
+@click.option("--out", default="heatmaps.png", show_default=True)
+@click.option("--device", default="auto", show_default=True)
+def heatmaps_cmd(image_or_index, checkpoint, cache, split, points, tile, alpha, out, device):
+    """Soft-argmax probability maps of chosen keypoints over a face (cache index or photo)."""
+    from pipeline.checkpoint import load_model
+    from pipeline.device import resolve_device
+    from pipeline.schema import schema_from_dict
+
+    if tile < 16:
+        raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
+    model, ckpt = load_model(checkpoint, resolve_device(device))
+    if not hasattr(model, "forward_maps"):
+        raise PipelineError(checkpoint, f"model '{ckpt['model_config'].get('preset')}' regresses coordinates "
+                                        "directly and has no heatmaps (forward_maps); use a heatmap model "
+                                        "(resunet-*)")
+    model = model.cpu()
+    pts = parse_points(points, schema_from_dict(ckpt["schema"]))
+    face, what = face_from_source(image_or_index, ckpt, cache, split)
+    path = write_png(out, heatmap_figure(model, ckpt, face, pts, tile, alpha))
+    log.info("heatmaps of %s, points %s -> %s", what, pts, path)
+    click.echo(str(path))
+
+
+# --------------------------------------------------------------------------------------
+# filters
+
+
+def first_conv(model):
+    """(qualified name, nn.Conv2d) of the first 2-D convolution in module order."""
+    from torch import nn
+
+    for name, m in model.named_modules():
+        if isinstance(m, nn.Conv2d):
+            return name, m
+    raise PipelineError(None, "the model has no Conv2d layer")
+
+
+def filter_grid(weight: np.ndarray, tile: int = 32, cols: int | None = None) -> np.ndarray:
+    """(O, C, kh, kw) filters -> RGB grid: each filter min-max normalised to 0..255 on its
+    own, shown in colour for 3 input channels (RGB order) and gray otherwise (channel mean),
+    upscaled with nearest-neighbour to a tile of about `tile` px."""
+    w = np.asarray(weight, dtype=np.float64)
+    o, c, kh, kw = w.shape
+    scale = max(1, tile // max(kh, kw))
+    tiles = []
+    for f in w:
+        img = f.transpose(1, 2, 0) if c == 3 else np.repeat(f.mean(0)[..., None], 3, axis=2)  # (kh, kw, 3)
+        lo, hi = img.min(), img.max()
+        img = (img - lo) / (hi - lo) * 255 if hi > lo else np.full_like(img, 128)
+        img = img.round().astype(np.uint8)
+        tiles.append(cv2.resize(img, (kw * scale, kh * scale), interpolation=cv2.INTER_NEAREST))
+    return contact_sheet(tiles, cols=cols or math.ceil(math.sqrt(o)))
+
+
+@click.command("filters")
+@click.option("--checkpoint", required=True, help="model checkpoint")
+@click.option("--out", default="filters.png", show_default=True)
+@click.option("--tile", default=32, show_default=True, help="about this many pixels per filter")
+@click.option("--cols", default=0, show_default=True, help="filters per row (0: square grid)")
+def filters_cmd(checkpoint, out, tile, cols):
+    """The first conv layer's filters of a checkpoint, as an image grid."""
+    from pipeline.checkpoint import load_model
+
+    model, ckpt = load_model(checkpoint, "cpu")
+    name, conv = first_conv(model)
+    weight = conv.weight.detach().float().cpu().numpy()
+    path = write_png(out, filter_grid(weight, max(1, tile), cols or None))
+    log.info("%s: %d filters %dx%d over %d channel(s) -> %s", name, *weight.shape[:1], *weight.shape[2:],
+             weight.shape[1], path)
+    click.echo(str(path))

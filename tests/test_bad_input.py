@@ -1,0 +1,547 @@
+"""Bad input corpus: every malformed input, run through the CLI, exits 2 with exactly one
+stderr line `error: <file>: <problem>` that names the file at fault, and writes nothing.
+
+Each case copies/edits the small demo set (or the tiny crop cache) in tmp_path. The cases
+run in-process through `pipeline.cli.main` (torch is imported once); log records at
+INFO and above are counted as stderr lines, as the CLI's logging handler would print
+them. `test_real_process` reruns a few cases as real `python -m pipeline` processes to
+check the actual stderr byte for byte."""
+
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+TRAIN_XML = "labels_ibug_300W_train.xml"
+TEST_XML = "labels_ibug_300W_test_parsed.xml"
+CROP_SETS = ["--set", "crop.size=32", "--set", "crop.n_jobs=1"]
+REPO = Path(__file__).resolve().parents[1]
+
+
+@dataclass
+class Case:
+    argv: list[str]  # CLI arguments after `pipeline`
+    names: list[str]  # strings the error line must contain (the file at fault, first)
+    problem: str  # regex the error line must match
+    output: Path  # must be absent afterwards, or unchanged if it existed before
+
+
+# --------------------------------------------------------------------------- builders
+
+
+def _copy_demo(demo_dir: Path, tmp: Path) -> Path:
+    ds = tmp / "ds"
+    shutil.copytree(demo_dir, ds)
+    return ds
+
+
+def _first_image(xml: Path) -> str:
+    return re.search(r"<image file='([^']+)'", xml.read_text()).group(1)
+
+
+def _sub_first(path: Path, pattern: str, repl: str) -> None:
+    text = path.read_text()
+    new, n = re.subn(pattern, repl, text, count=1)
+    assert n == 1, pattern
+    path.write_text(new)
+
+
+def _crop_case(ds: Path, tmp: Path, bad: Path | str, problem: str, *extra_names: str) -> Case:
+    out = tmp / "cache_out"
+    return Case(["crop", "--out", str(out), "--set", f"data.dir={ds}", *CROP_SETS],
+                [str(bad), *extra_names], problem, out)
+
+
+def xml_truncated(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    xml = ds / TRAIN_XML
+    xml.write_bytes(xml.read_bytes()[: xml.stat().st_size // 2])
+    return _crop_case(ds, tmp, xml, r"malformed XML")
+
+
+def xml_test_truncated(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    xml = ds / TEST_XML
+    xml.write_bytes(xml.read_bytes()[:300])
+    return _crop_case(ds, tmp, xml, r"malformed XML")
+
+
+def xml_not_xml(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    (ds / TRAIN_XML).write_bytes(np.random.default_rng(0).bytes(2000))
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"malformed XML")
+
+
+def xml_without_images(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    (ds / TRAIN_XML).write_text("<?xml version='1.0'?>\n<dataset><name>x</name></dataset>\n")
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"no <images> element")
+
+
+def xml_missing(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    (ds / TRAIN_XML).unlink()
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"annotation file not found")
+
+
+def image_missing(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    rel = _first_image(ds / TRAIN_XML)
+    (ds / rel).unlink()
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"image file not found", rel)
+
+
+def image_zero_bytes(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    rel = _first_image(ds / TRAIN_XML)
+    (ds / rel).write_bytes(b"")
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"empty \(0 bytes\)", rel)
+
+
+def image_corrupt_jpeg(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    rel = _first_image(ds / TRAIN_XML)
+    (ds / rel).write_bytes(np.random.default_rng(1).bytes(5000))
+    return _crop_case(ds, tmp, ds / rel, r"cannot decode image")
+
+
+def image_corrupt_jpeg_parallel(demo_dir, tmp):
+    """The same through joblib workers (crop.n_jobs=2): the worker's error comes back as one line."""
+    case = image_corrupt_jpeg(demo_dir, tmp)
+    case.argv[case.argv.index("crop.n_jobs=1")] = "crop.n_jobs=2"
+    return case
+
+
+def image_truncated_jpeg(demo_dir, tmp):
+    """Only the first 20 bytes of a JPEG: the header parses, the data is gone."""
+    ds = _copy_demo(demo_dir, tmp)
+    rel = _first_image(ds / TEST_XML)
+    (ds / rel).write_bytes((ds / rel).read_bytes()[:20])
+    return _crop_case(ds, tmp, ds / rel, r"cannot decode image")
+
+
+def image_is_directory(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    rel = _first_image(ds / TRAIN_XML)
+    (ds / rel).unlink()
+    (ds / rel).mkdir()
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"is a directory, not an image", rel)
+
+
+def box_zero_width(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    _sub_first(ds / TRAIN_XML, r"width='\d+'", "width='0'")
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"box has non-positive size 0x")
+
+
+def box_non_numeric(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    _sub_first(ds / TEST_XML, r"top='\d+'", "top='12px'")
+    return _crop_case(ds, tmp, ds / TEST_XML, r"top='12px' is not a number")
+
+
+def part_non_numeric(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    _sub_first(ds / TRAIN_XML, r"(<part name='05' x=)'[^']*'", r"\1'abc'")
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"part 05: x='abc' is not a number")
+
+
+def part_nan(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    _sub_first(ds / TRAIN_XML, r"(<part name='07' x='[^']*' y=)'[^']*'", r"\1'nan'")
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"y='nan' is not finite")
+
+
+def part_count_wrong(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    _sub_first(ds / TRAIN_XML, r"\s*<part name='67'[^>]*/>", "")
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"67 parts, schema 'ibug68' expects 68")
+
+
+def part_duplicate(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    _sub_first(ds / TRAIN_XML, r"<part name='03'", "<part name='02'")
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"duplicate part name '02'")
+
+
+def path_escapes_dataset(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    rel = _first_image(ds / TRAIN_XML)
+    shutil.copy(ds / rel, tmp / "outside.jpg")  # it exists: refused for where it is, not absence
+    _sub_first(ds / TRAIN_XML, re.escape(f"file='{rel}'"), "file='images/../../outside.jpg'")
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"leaves the dataset folder", "images/../../outside.jpg")
+
+
+def path_absolute(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    rel = _first_image(ds / TEST_XML)
+    target = (ds / rel).resolve()
+    _sub_first(ds / TEST_XML, re.escape(f"file='{rel}'"), f"file='{target}'")
+    return _crop_case(ds, tmp, ds / TEST_XML, r"leaves the dataset folder", str(target))
+
+
+def crop_into_existing_cache(demo_dir, tmp, tiny_workspace):
+    """A bad XML must leave an earlier good cache exactly as it was."""
+    ds = _copy_demo(demo_dir, tmp)
+    xml = ds / TRAIN_XML
+    xml.write_bytes(xml.read_bytes()[:1000])
+    out = tmp / "cache_out"
+    shutil.copytree(tiny_workspace / "cache", out)
+    return Case(["crop", "--out", str(out), "--set", f"data.dir={ds}", *CROP_SETS], [str(xml)],
+                r"malformed XML", out)
+
+
+def _params_case(demo_dir, tmp, text: str, problem: str) -> Case:
+    ds = _copy_demo(demo_dir, tmp)
+    params = tmp / "bad_params.yaml"
+    params.write_text(text.format(ds=ds))
+    out = tmp / "cache_out"
+    return Case(["crop", "--params", str(params), "--out", str(out)], [str(params)], problem, out)
+
+
+def params_unknown_key(demo_dir, tmp):
+    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop:\n  size: 32\n  n_job: 1\n",
+                        r"unknown key 'crop.n_job'")
+
+
+def params_wrong_type(demo_dir, tmp):
+    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop:\n  size: big\n",
+                        r"'crop.size' must be int, got 'big'")
+
+
+def params_invalid_yaml(demo_dir, tmp):
+    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop: [size: 32\n", r"invalid YAML")
+
+
+def set_wrong_type(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    out = tmp / "cache_out"
+    return Case(["crop", "--out", str(out), "--set", f"data.dir={ds}", "--set", "crop.n_jobs=two"],
+                ["--set crop.n_jobs=two"], r"'crop.n_jobs' must be int", out)
+
+
+def fold_out_of_range(tmp, tiny_workspace):
+    ws = tiny_workspace
+    out = tmp / "models"
+    return Case(["train", "--fold", "9", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"),
+                 "--out", str(out), "--live", str(tmp / "live"), "--set", "crop.size=32",
+                 "--set", "model.input_size=32", "--set", "folds.k=2", "--set", "folds.train=[0,1]"],
+                [str(ws / "folds.csv")], r"fold 9 out of range: folds are 0\.\.1", out)
+
+
+def _score_case(demo_dir, tmp, edit) -> Case:
+    lines = (demo_dir / "solution.csv").read_text().splitlines()
+    sub = tmp / "sub.csv"
+    problem = edit(lines)
+    sub.write_text("\n".join(lines) + "\n")
+    out = tmp / "scores"
+    return Case(["score", str(sub), "--solution", str(demo_dir / "solution.csv"),
+                 "--json", str(out / "score.json")], [str(sub)], problem, out)
+
+
+def _drop_row(lines):
+    del lines[10]
+    return r"missing Id 9; Ids must be 0\.\.\d+"
+
+
+def _wrong_header(lines):
+    lines[0] = "id,prediction"
+    return r"wrong header 'id,prediction', expected 'Id,Predicted'"
+
+
+def _nan_value(lines):
+    lines[5] = "4,nan"
+    return r"line 6: non-finite value 'nan'"
+
+
+def _short_rows(lines):
+    del lines[-20:]
+    return r"\d+ rows, expected \d+"
+
+
+def submission_missing_id(demo_dir, tmp):
+    return _score_case(demo_dir, tmp, _drop_row)
+
+
+def submission_wrong_header(demo_dir, tmp):
+    return _score_case(demo_dir, tmp, _wrong_header)
+
+
+def submission_nan(demo_dir, tmp):
+    return _score_case(demo_dir, tmp, _nan_value)
+
+
+def submission_too_short(demo_dir, tmp):
+    return _score_case(demo_dir, tmp, _short_rows)
+
+
+def predictions_nan(tmp, tiny_workspace):
+    """`pipeline submit` refuses NaN predictions and writes no CSV."""
+    n = len((tiny_workspace / "cache" / "test" / "meta.csv").read_text().splitlines()) - 1
+    pred = np.zeros((n, 68, 2))
+    pred[1, 3, 1] = np.nan
+    npz = tmp / "test.npz"
+    np.savez(npz, ensemble=pred)
+    out = tmp / "subs"
+    return Case(["submit", "--predictions", str(npz), "--cache", str(tiny_workspace / "cache"),
+                 "--out-dir", str(out)], [str(npz)], r"1 non-finite coordinate\(s\).*face 1 point 3 y", out)
+
+
+# checkpoints ------------------------------------------------------------------------
+
+
+def _predict_case(tmp, ws, ckpt_bytes_or_path) -> tuple[Case, Path]:
+    models = tmp / "models"
+    (models / "fold0").mkdir(parents=True)
+    ckpt = models / "fold0" / "best.pt"
+    if isinstance(ckpt_bytes_or_path, bytes):
+        ckpt.write_bytes(ckpt_bytes_or_path)
+    else:
+        shutil.copy(ckpt_bytes_or_path, ckpt)
+    out = tmp / "predictions"
+    argv = ["predict", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"),
+            "--models", str(models), "--out", str(out), "--set", "predict.device=cpu"]
+    return Case(argv, [str(ckpt)], "", out), ckpt
+
+
+class _Evil:
+    """Unpickling this runs exec(code): proof that a loader executed pickled code."""
+
+    def __init__(self, marker: Path):
+        self.code = f"open({str(marker)!r}, 'w').write('pwned')"
+
+    def __reduce__(self):
+        import builtins
+
+        return (builtins.exec, (self.code,))
+
+
+def checkpoint_other_schema(tmp, tiny_workspace, nose1_checkpoint):
+    case, ckpt = _predict_case(tmp, tiny_workspace, nose1_checkpoint)
+    case.problem = r"checkpoint is for schema 'nose1' \(1 points\), data uses 'ibug68' \(68 points\)"
+    return case
+
+
+def checkpoint_random_bytes(tmp, tiny_workspace):
+    case, _ = _predict_case(tmp, tiny_workspace, np.random.default_rng(2).bytes(4096))
+    case.problem = r"not a loadable checkpoint"
+    return case
+
+
+def checkpoint_text_file(tmp, tiny_workspace):
+    case, _ = _predict_case(tmp, tiny_workspace, b"model: resunet\nweights: see README\n")
+    case.problem = r"not a loadable checkpoint"
+    return case
+
+
+def checkpoint_empty(tmp, tiny_workspace):
+    case, _ = _predict_case(tmp, tiny_workspace, b"")
+    case.problem = r"not a loadable checkpoint"
+    return case
+
+
+def checkpoint_truncated(tmp, tiny_workspace, nose1_checkpoint):
+    data = Path(nose1_checkpoint).read_bytes()
+    case, _ = _predict_case(tmp, tiny_workspace, data[: len(data) // 2])
+    case.problem = r"not a loadable checkpoint"
+    return case
+
+
+def checkpoint_not_ours(tmp, tiny_workspace):
+    import torch
+
+    p = tmp / "plain.pt"
+    torch.save({"weights": torch.zeros(3)}, p)
+    case, _ = _predict_case(tmp, tiny_workspace, p)
+    case.problem = r"not a pipeline checkpoint \(needs keys"
+    return case
+
+
+def checkpoint_garbage_fields(tmp, tiny_workspace):
+    """All required keys present, with values of the wrong kind."""
+    import torch
+
+    p = tmp / "garbage.pt"
+    torch.save({"model_config": "resunet", "model": [1, 2], "schema": "ibug68", "epoch": 1}, p)
+    case, _ = _predict_case(tmp, tiny_workspace, p)
+    case.problem = r"not a pipeline checkpoint \('schema' is a str"
+    return case
+
+
+def checkpoint_wrong_weights(tmp, tiny_workspace, nose1_checkpoint):
+    """A 68-point schema on a checkpoint whose weights are for another model."""
+    import torch
+
+    ck = torch.load(nose1_checkpoint, weights_only=True)
+    from pipeline.schema import IBUG68
+
+    ck["schema"] = IBUG68.to_dict()
+    ck["model_config"] = {**ck["model_config"], "num_keypoints": 68}
+    p = tmp / "mismatch.pt"
+    torch.save(ck, p)
+    case, _ = _predict_case(tmp, tiny_workspace, p)
+    case.problem = r"weights do not fit model 'resunet-tiny'"
+    return case
+
+
+def checkpoint_malicious_pickle(tmp, tiny_workspace):
+    """A plain (non-zip) pickle whose __reduce__ would create tmp/marker."""
+    case, _ = _predict_case(tmp, tiny_workspace, pickle.dumps({"model": _Evil(tmp / "marker")}))
+    case.problem = r"not a loadable checkpoint"
+    return case
+
+
+def checkpoint_malicious_torch_zip(tmp, tiny_workspace):
+    """A real torch.save zip archive holding the same payload among checkpoint keys."""
+    import torch
+
+    p = tmp / "evil.pt"
+    torch.save({"model_config": _Evil(tmp / "marker"), "model": {}, "schema": {}, "epoch": 1}, p)
+    case, _ = _predict_case(tmp, tiny_workspace, p)
+    case.problem = r"not a loadable checkpoint"
+    return case
+
+
+def submit_xml_malicious_checkpoint(demo_dir, tmp):
+    """Standalone `pipeline submit --xml ... --checkpoints evil.pt` loads safely too."""
+    ckpt = tmp / "evil.pt"
+    ckpt.write_bytes(pickle.dumps(_Evil(tmp / "marker")))
+    out = tmp / "subs" / "s.csv"
+    return Case(["submit", "--xml", str(demo_dir / TEST_XML), "--checkpoints", str(ckpt), "--out", str(out),
+                 "--set", "crop.size=32", "--set", "crop.n_jobs=1", "--set", "predict.device=cpu"],
+                [str(ckpt)], r"not a loadable checkpoint", out.parent)
+
+
+CASES = {f.__name__: f for f in (
+    xml_truncated, xml_test_truncated, xml_not_xml, xml_without_images, xml_missing,
+    image_missing, image_zero_bytes, image_corrupt_jpeg, image_corrupt_jpeg_parallel, image_truncated_jpeg, image_is_directory,
+    box_zero_width, box_non_numeric, part_non_numeric, part_nan, part_count_wrong, part_duplicate,
+    path_escapes_dataset, path_absolute, crop_into_existing_cache,
+    params_unknown_key, params_wrong_type, params_invalid_yaml, set_wrong_type,
+    fold_out_of_range,
+    submission_missing_id, submission_wrong_header, submission_nan, submission_too_short, predictions_nan,
+    checkpoint_other_schema, checkpoint_random_bytes, checkpoint_text_file, checkpoint_empty,
+    checkpoint_truncated, checkpoint_not_ours, checkpoint_garbage_fields, checkpoint_wrong_weights, checkpoint_malicious_pickle, checkpoint_malicious_torch_zip,
+    submit_xml_malicious_checkpoint,
+)}
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="session")
+def nose1_checkpoint(tmp_path_factory, demo_dir, tiny_workspace) -> Path:
+    """A real checkpoint trained 1 epoch with data.schema=nose1 on the demo faces."""
+    from pipeline.config import load_config
+    from pipeline.crop import run_crop
+    from pipeline.train import fit
+
+    ws = tmp_path_factory.mktemp("nose1")
+    cfg = load_config(None, [f"data.dir={demo_dir}", "data.schema=nose1", "crop.size=32", "crop.n_jobs=1",
+                             "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2",
+                             "train.randaug_n=0"])
+    run_crop(cfg, ws / "cache")
+    fit(cfg, 0, ws / "cache", tiny_workspace / "folds.csv", ws / "models", resume=False)
+    return ws / "models" / "fold0" / "best.pt"
+
+
+def _snapshot(path: Path):
+    if not path.exists():
+        return None
+    if path.is_file():
+        return {".": path.read_bytes()}
+    return {str(p.relative_to(path)): (p.read_bytes() if p.is_file() else None)
+            for p in sorted(path.rglob("*"))}
+
+
+def _check(case: Case, code, err_lines: list[str], before) -> None:
+    assert code == 2, (code, err_lines)
+    assert len(err_lines) == 1, err_lines
+    line = err_lines[0]
+    assert line.startswith("error: "), line
+    for name in case.names:
+        assert name in line, (name, line)
+    assert line.startswith(f"error: {case.names[0]}"), line  # the file at fault comes first
+    assert re.search(case.problem, line), (case.problem, line)
+    assert _snapshot(case.output) == before, f"{case.output} was written"
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def _build(name, request, tmp_path) -> Case:
+    """Call the case builder with the fixtures it names (tmp = the test's tmp_path)."""
+    import inspect
+
+    params = [p for p in inspect.signature(CASES[name]).parameters if p not in ("tmp", "_")]
+    return CASES[name](tmp=tmp_path, **{p: request.getfixturevalue(p) for p in params})
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_bad_input(name, request, tmp_path, monkeypatch, capsys, caplog):
+    from pipeline.cli import main
+
+    case = _build(name, request, tmp_path)
+    before = _snapshot(case.output)
+    monkeypatch.chdir(tmp_path)  # no params.yaml here: the defaults apply
+    capsys.readouterr()
+    caplog.clear()
+    with caplog.at_level(logging.INFO), warnings.catch_warnings(record=True) as warned:
+        warnings.simplefilter("always")  # a warning is printed to stderr: one more line
+        with pytest.raises(SystemExit) as exc:
+            main(case.argv)
+    err = capsys.readouterr().err
+    logged = [r.getMessage() for r in caplog.records if r.levelno >= logging.INFO]
+    _check(case, exc.value.code, err.splitlines() + logged + [str(w.message) for w in warned], before)
+    assert not (tmp_path / "marker").exists(), "a checkpoint load executed pickled code"
+    # no temp file of an atomic write is left anywhere in the case's folder
+    assert not [p for p in tmp_path.rglob("*.tmp*")], list(tmp_path.rglob("*.tmp*"))
+
+
+def test_malicious_payload_is_live(tmp_path):
+    """Control for the checkpoint cases: unpickling the payload unsafely does create the
+    marker, so its absence above proves the loader did not run it."""
+    marker = tmp_path / "control"
+    pickle.loads(pickle.dumps(_Evil(marker)))
+    assert marker.read_text() == "pwned"
+
+
+@pytest.mark.parametrize("name", ["xml_truncated", "image_corrupt_jpeg_parallel", "params_unknown_key",
+                                  "submission_nan", "checkpoint_malicious_pickle"])
+def test_real_process(name, request, tmp_path):
+    """The same check on the real stderr of a `python -m pipeline` process."""
+    case = _build(name, request, tmp_path)
+    before = _snapshot(case.output)
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    r = subprocess.run([sys.executable, "-m", "pipeline", *case.argv], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=120)
+    _check(case, r.returncode, r.stderr.splitlines(), before)
+    assert r.stdout == ""
+
+
+def test_no_unsafe_loaders_in_package():
+    """Checkpoints load only through torch.load(weights_only=True); nothing else in the
+    package unpickles external files (np.load always with allow_pickle=False)."""
+    offenders = []
+    for path in sorted((REPO / "pipeline").rglob("*.py")):
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            code = line.split("#", 1)[0]
+            if re.search(r"\b(pickle|cPickle|dill|joblib|cloudpickle)\.loads?\(|pd\.read_pickle|"
+                         r"\.read_pickle\(|torch\.jit\.load|marshal\.loads?\(", code):
+                offenders.append(f"{path.name}:{i}: {line.strip()}")
+            if "torch.load(" in code and "weights_only=True" not in code:
+                offenders.append(f"{path.name}:{i}: {line.strip()}")
+            if re.search(r"\bnp\.load\(", code) and "allow_pickle=False" not in code:
+                offenders.append(f"{path.name}:{i}: {line.strip()}")
+    assert not offenders, offenders

@@ -1,0 +1,173 @@
+"""Faults: a training process killed with SIGKILL mid-epoch leaves only whole files, and
+`pipeline train --resume` continues from the last complete epoch to the same result as a
+run that was never interrupted.
+
+Temp files: every output is written to `.<name>.<random>.tmp` and renamed (pipeline/io.py),
+so a kill mid-write can leave such a temp file behind, never half an output. The next
+`pipeline train` of that fold deletes the stale temps of its own outputs in its folder
+(`remove_stale_temps`) before it writes anything."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from pipeline.checkpoint import load_checkpoint
+
+REPO = Path(__file__).resolve().parents[1]
+EPOCHS = 5
+SETS = ["crop.size=32", "model.input_size=32", "train.batch_size=8", f"train.epochs={EPOCHS}",
+        "train.warmup_epochs=1", "folds.k=2", "folds.train=[0,1]", "train.randaug_n=1", "train.device=cpu"]
+
+
+def _cmd(ws: Path, out: Path, live: Path, *extra: str) -> list[str]:
+    cmd = [sys.executable, "-m", "pipeline", "train", "--fold", "0", "--cache", str(ws / "cache"),
+           "--folds", str(ws / "folds.csv"), "--out", str(out), "--live", str(live), *extra]
+    for s in SETS:
+        cmd += ["--set", s]
+    return cmd
+
+
+def _env() -> dict:
+    return {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONUNBUFFERED": "1"}
+
+
+def _epoch_of(path: Path) -> int:
+    """Epoch in last.pt, 0 while it does not exist yet. The file is replaced by rename, so a
+    reader sees the old or the new checkpoint, never a mix."""
+    if not path.exists():
+        return 0
+    try:
+        return int(torch.load(path, map_location="cpu", weights_only=True)["epoch"])
+    except FileNotFoundError:
+        return 0
+
+
+def _check_whole(folder: Path) -> list[Path]:
+    """Every output in `folder` loads completely; returns the temp files found."""
+    temps = []
+    for p in sorted(folder.iterdir()):
+        if p.name.startswith(".") and p.name.endswith(".tmp"):
+            temps.append(p)
+        elif p.suffix == ".pt":
+            load_checkpoint(p)
+        elif p.suffix == ".json":
+            json.loads(p.read_text())
+        elif p.suffix == ".yaml":
+            assert isinstance(yaml.safe_load(p.read_text()), dict)
+        else:
+            raise AssertionError(f"unexpected file {p}")
+    return temps
+
+
+def test_kill_mid_epoch_then_resume(tiny_workspace, tmp_path):
+    ws = tiny_workspace
+    out, live = tmp_path / "models", tmp_path / "live"
+    fold = out / "fold0"
+    last = fold / "last.pt"
+    err_path = tmp_path / "killed.stderr"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen(_cmd(ws, out, live, "--no-resume"), cwd=tmp_path, env=_env(),
+                                stdout=subprocess.DEVNULL, stderr=err)
+    try:
+        # wait for epoch 1's checkpoint, then for the progress bar of the next epoch to
+        # show at least one finished batch: the kill lands mid-epoch
+        deadline = time.monotonic() + 240
+        while _epoch_of(last) < 1:
+            assert proc.poll() is None, f"training ended early: {err_path.read_text()[-2000:]}"
+            assert time.monotonic() < deadline, "no checkpoint within the timeout"
+            time.sleep(0.05)
+        n = _epoch_of(last)
+        bar = re.compile(rf"epoch {n + 1}/{EPOCHS}:\s+\d+%\|[^|\r]*\| [1-9]")
+        soon = time.monotonic() + 20
+        while not bar.search(err_path.read_text()) and time.monotonic() < soon and proc.poll() is None:
+            time.sleep(0.02)
+        assert proc.poll() is None, "training finished before it could be killed"
+        os.kill(proc.pid, signal.SIGKILL)
+        assert proc.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+    done = _epoch_of(last)
+    assert 1 <= done < EPOCHS
+    assert not (fold / "metrics.json").exists()  # the killed run never finished
+    left = _check_whole(fold)  # every output is whole; a killed writer's temp at most
+    # a kill inside torch.save leaves such a temp: make sure there is one for the next run
+    stale = fold / ".last.pt.k1lled00.tmp"
+    stale.write_bytes(last.read_bytes()[:1000])
+    (fold / ".metrics.json.k1lled01.tmp").write_text('{"fold": ')
+
+    r = subprocess.run(_cmd(ws, out, live, "--resume"), cwd=tmp_path, env=_env(), capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert f"fold 0: resuming from {last} at epoch {done}" in r.stderr, r.stderr[-3000:]
+    assert f"fold 0 epoch {done}:" not in r.stderr  # the finished epochs are not trained again
+    assert f"fold 0 epoch {done + 1}:" in r.stderr and f"fold 0 epoch {EPOCHS}:" in r.stderr
+    assert "left by an interrupted run" in r.stderr
+
+    assert _check_whole(fold) == [], "stale temp files were not cleaned"
+    assert not stale.exists() and not any(p.exists() for p in left)
+    final = load_checkpoint(last)
+    assert final["epoch"] == EPOCHS
+    assert [h["epoch"] for h in final["history"]] == list(range(1, EPOCHS + 1))
+    metrics = json.loads((fold / "metrics.json").read_text())
+    assert metrics["epochs"] == EPOCHS
+
+    # bit for bit the run that was never interrupted (in this process, on one thread as
+    # the subprocesses were)
+    from pipeline.config import load_config
+    from pipeline.train import fit
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        fit(load_config(None, SETS), 0, ws / "cache", ws / "folds.csv", tmp_path / "ref", resume=False)
+    finally:
+        torch.set_num_threads(threads)
+    want = load_checkpoint(tmp_path / "ref" / "fold0" / "last.pt")
+    assert final["scheduler_step"] == want["scheduler_step"]
+    for k, v in want["model"].items():
+        assert torch.equal(final["model"][k], v), k
+    assert final["history"][-1]["val_mae"] == want["history"][-1]["val_mae"]
+
+
+def test_stale_temps_of_other_names_are_kept(tmp_path):
+    """remove_stale_temps deletes only the temps of the names it is given."""
+    from pipeline.io import remove_stale_temps
+
+    (tmp_path / ".last.pt.abc.tmp").write_bytes(b"x")
+    (tmp_path / ".other.csv.abc.tmp").write_bytes(b"x")
+    (tmp_path / "last.pt").write_bytes(b"keep")
+    removed = remove_stale_temps(tmp_path, ["last.pt", "best.pt"])
+    assert [p.name for p in removed] == [".last.pt.abc.tmp"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".other.csv.abc.tmp", "last.pt"]
+
+
+@pytest.mark.parametrize("when", ["before_rename", "during_write"])
+def test_atomic_write_interrupted_keeps_old_file(tmp_path, when):
+    """An exception while writing (the in-process analogue of a kill) keeps the previous
+    file byte for byte and removes the temp."""
+    from pipeline.io import atomic_path, torch_save
+
+    target = tmp_path / "last.pt"
+    torch_save(target, {"epoch": 1})
+    before = target.read_bytes()
+    with pytest.raises(KeyboardInterrupt):
+        with atomic_path(target) as tmp:
+            if when == "during_write":
+                tmp.write_bytes(before[:10])
+            raise KeyboardInterrupt
+    assert target.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
