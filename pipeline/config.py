@@ -37,7 +37,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "crop": {
         "expand": 1.25,  # box side is scaled by this before the square crop
-        "size": 96,  # cached face side in pixels (uint8, N x size x size x 3)
+        "size": 64,  # cached face side in pixels (uint8, N x size x size x 3)
         "n_jobs": 2,  # joblib workers
     },
     "folds": {
@@ -47,12 +47,12 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "model": {
         "preset": "resunet-tiny",  # registry name, see `pipeline models`
-        "input_size": 96,  # network input side in pixels
+        "input_size": 64,  # network input side in pixels
         "in_chans": 3,  # 3 = colour, 1 = grayscale
         "options": {},  # preset keyword overrides (width, blurpool, act, ...)
     },
     "train": {
-        "epochs": 12,
+        "epochs": 10,
         "batch_size": 32,
         "optimizer": "adamw",  # adamw | sgd
         "lr": 1.0e-3,  # peak learning rate after warm-up
