@@ -265,10 +265,22 @@ def mean_shape_baseline(train_kp: np.ndarray, train_boxes: np.ndarray, test_boxe
 
 def dlib_predictor():
     """(dlib module, 68-point shape predictor) or raise ImportError."""
-    import dlib
-    import face_recognition_models
+    import importlib.util
 
-    return dlib, dlib.shape_predictor(face_recognition_models.pose_predictor_model_location())
+    import dlib
+
+    try:
+        import face_recognition_models
+
+        path = face_recognition_models.pose_predictor_model_location()
+    except ModuleNotFoundError as e:  # it imports pkg_resources, gone from new setuptools
+        if e.name != "pkg_resources":
+            raise
+        spec = importlib.util.find_spec("face_recognition_models")
+        if spec is None or spec.origin is None:
+            raise
+        path = str(Path(spec.origin).parent / "models" / "shape_predictor_68_face_landmarks.dat")
+    return dlib, dlib.shape_predictor(path)
 
 
 def _score(pred, truth, eyes) -> dict[str, float]:
@@ -487,13 +499,15 @@ def _csv(text: str | None) -> list[str]:
 @click.option("--checkpoints", "checkpoints", multiple=True, help="checkpoint to score (repeatable)")
 @click.argument("more_checkpoints", nargs=-1)
 @click.option("--device", default="auto", show_default=True)
+@click.option("--threads", default=None, type=click.IntRange(min=1),
+              help="torch threads for the whole run [torch default]; the 1-thread figures are measured anyway")
 @click.option("--min-time", default=1.0, show_default=True, type=float, help="seconds per inference measurement")
 @click.option("--matmul-n", default=2048, show_default=True, type=click.IntRange(min=64))
 @click.option("--no-dlib", is_flag=True, help="skip dlib even when installed")
 @click.option("--out", "out_path", default="bench.json", show_default=True)
 @config_options
 def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache, data, no_accuracy, checkpoints,
-              more_checkpoints, device, min_time, matmul_n, no_dlib, out_path, cfg):
+              more_checkpoints, device, threads, min_time, matmul_n, no_dlib, out_path, cfg):
     """Training and inference speed, compute efficiency and accuracy in one run."""
     from pipeline.io import write_json
     from pipeline.models import list_presets
@@ -504,6 +518,8 @@ def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache
         raise PipelineError(None, f"unknown preset(s) {unknown} (known: {', '.join(list_presets())})")
     if input_size is not None and input_size % 32:
         raise PipelineError(None, f"--input-size must be a multiple of 32, got {input_size}")
+    if threads is not None:
+        torch.set_num_threads(threads)
     res = run_bench(cfg, names, steps, batch_size, input_size, data, [*checkpoints, *more_checkpoints], device,
                     cache, infer_batch, rounds, min_time, matmul_n, not no_dlib, not no_accuracy)
     write_json(out_path, res)

@@ -247,7 +247,7 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
     models = load_models(checkpoints, device)
     schema = schema_from_dict(models[0][1]["schema"])
     out = Path(out_dir)
-    results, rows = [], []
+    results, rows, stems = [], [], set()
     for photo in photos:
         image = read_image(photo)
         boxes, haar = locate_faces(image, max_faces)
@@ -255,6 +255,9 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
         if not len(boxes):
             log.warning("%s: no face found", photo)
         stem = Path(photo).stem
+        if stem in stems:  # two photos of one name from different folders
+            stem = next(f"{stem}-{i}" for i in range(2, len(photos) + 2) if f"{stem}-{i}" not in stems)
+        stems.add(stem)
         write_png(out / f"{stem}_keypoints.png", annotate(image, boxes, pts, schema))
         faces = [{"box": [round(float(v), 2) for v in b], "detector_box": [round(float(v), 2) for v in h],
                   "points": np.round(p, 3).tolist()} for b, h, p in zip(boxes, haar, pts)]

@@ -131,16 +131,12 @@ def contact_sheet(tiles: Sequence[np.ndarray], cols: int | None = None, title: s
 
 
 def publish(path: str | os.PathLike, data: bytes, suffix: str = "") -> Path:
-    """Write bytes atomically (temp file + rename), readable like any new file (the temp
-    file mkstemp makes is private)."""
+    """Write bytes atomically (temp file + rename)."""
     from pipeline.io import atomic_path
 
     path = Path(path)
-    umask = os.umask(0)
-    os.umask(umask)
     with atomic_path(path, suffix=suffix) as tmp:
         tmp.write_bytes(data)
-        os.chmod(tmp, 0o666 & ~umask)
     return path
 
 
@@ -148,7 +144,8 @@ def write_png(path: str | os.PathLike, rgb: np.ndarray) -> Path:
     """RGB uint8 -> PNG, written to a temp file and renamed."""
     # encoded in memory: the temp name atomic_path makes ends in '.tmp', and cv2.imwrite
     # picks its codec by the extension
-    ok, buf = cv2.imencode(".png", cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR))
+    ok, buf = cv2.imencode(".png", cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR),
+                           [cv2.IMWRITE_PNG_COMPRESSION, 9])
     if not ok:
         raise PipelineError(path, "cannot encode PNG")
     return publish(path, buf.tobytes(), ".png")
@@ -409,21 +406,18 @@ def heatmap_figure(model, ckpt: dict, face: np.ndarray, points: Sequence[int], t
 @click.option("--tile", default=128, show_default=True, help="panel side in pixels")
 @click.option("--alpha", default=0.65, show_default=True, help="heatmap opacity at its peak")
 @click.option("--out", default="heatmaps.png", show_default=True)
-@click.option("--device", default="auto", show_default=True)
-def heatmaps_cmd(image_or_index, checkpoint, cache, split, points, tile, alpha, out, device):
+def heatmaps_cmd(image_or_index, checkpoint, cache, split, points, tile, alpha, out):
     """Soft-argmax probability maps of chosen keypoints over a face (cache index or photo)."""
     from pipeline.checkpoint import load_model
-    from pipeline.device import resolve_device
     from pipeline.schema import schema_from_dict
 
     if tile < 16:
         raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
-    model, ckpt = load_model(checkpoint, resolve_device(device))
+    model, ckpt = load_model(checkpoint, "cpu")  # one face: the CPU is enough
     if not hasattr(model, "forward_maps"):
         raise PipelineError(checkpoint, f"model '{ckpt['model_config'].get('preset')}' regresses coordinates "
                                         "directly and has no heatmaps (forward_maps); use a heatmap model "
                                         "(resunet-*)")
-    model = model.cpu()
     pts = parse_points(points, schema_from_dict(ckpt["schema"]))
     face, what = face_from_source(image_or_index, ckpt, cache, split)
     path = write_png(out, heatmap_figure(model, ckpt, face, pts, tile, alpha))
