@@ -22,7 +22,6 @@ import click
 import cv2
 import numpy as np
 
-from pipeline.cli import config_options
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -161,7 +160,8 @@ def calibrate(xml_path: str | os.PathLike, min_iou: float = 0.3, limit: int | No
             "detection_rate": len(pairs) / n_boxes, "unmatched_detections": n_false,
             "median_iou_raw": float(np.median(raw_iou)), "median_iou_converted": float(np.median(conv_iou)),
             "median_iou_hardcoded": float(np.median(fixed_iou)),
-            "iou_converted_ge_0.5": float(np.mean(conv_iou >= 0.5)), "constants": c,
+            "iou_converted_ge_0.5": float(np.mean(conv_iou >= 0.5)),
+            "iou_hardcoded_ge_0.5": float(np.mean(fixed_iou >= 0.5)), "constants": c,
             "iqr": {"w_scale": np.percentile(gt[:, 2] / s, [25, 75]).round(3).tolist(),
                     "dy": np.percentile(((gt[:, 1] + gt[:, 3] / 2) - (det[:, 1] + det[:, 3] / 2)) / s,
                                         [25, 75]).round(3).tolist()}}

@@ -147,12 +147,16 @@ def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.Path
         raise PipelineError(xml_path, "no checkpoints given")
     schema = get_schema(data_cfg)
     faces = load_xml(xml_path, schema, require_parts=False)
-    crops, crop_to_orig = crop_faces(faces, Path(xml_path).parent, crop_cfg["size"], crop_cfg["expand"],
-                                     crop_cfg["n_jobs"])
     device = resolve_device(predict_cfg["device"])
+    crops_by_geometry: dict[tuple, tuple] = {}  # each checkpoint's faces cropped as in its training
     preds = []
     for path in checkpoints:
         model, ckpt = load_model(path, device, schema=schema)
+        geo = ckpt.get("crop") or {"size": crop_cfg["size"], "expand": crop_cfg["expand"]}
+        key = (int(geo["size"]), float(geo["expand"]))
+        if key not in crops_by_geometry:
+            crops_by_geometry[key] = crop_faces(faces, Path(xml_path).parent, key[0], key[1], crop_cfg["n_jobs"])
+        crops, crop_to_orig = crops_by_geometry[key]
         preds.append(predict_original(model, ckpt, crops, crop_to_orig, predict_cfg["tta"],
                                       predict_cfg["batch_size"], device)["final"])
     return np.mean(preds, axis=0)

@@ -221,7 +221,10 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     steps_per_epoch = math.ceil(math.ceil(len(train_idx) / world) / rank_batch)
     state = StepState(0, steps_per_epoch * tcfg["epochs"],
                       round(tcfg["warmup_epochs"] * steps_per_epoch), tcfg["lr"])
+    # "crop": the geometry of the cache the model actually saw (params may name another
+    # size than the cache on disk); standalone prediction must crop new faces the same way
     ckpt_meta = {"model_config": model.config, "schema": schema.to_dict(), "config": cfg,
+                 "crop": {"size": int(cache_size), "expand": float(cache.info["expand"])},
                  "mean_shape": mean_shape.tolist(), "fold": fold}
     start_epoch, best_mae, history = 0, float("inf"), []
     last_path = out / "last.pt"

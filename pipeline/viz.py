@@ -93,9 +93,18 @@ def box_corners(box: Sequence[float]) -> np.ndarray:
     return np.array([[left - 0.5, top - 0.5], [left + w - 0.5, top + h - 0.5]])
 
 
+def fit_scale(text: str, scale: float, max_width: int, min_scale: float = 0.25) -> float:
+    """The largest font scale <= `scale` (down to min_scale) at which `text` fits max_width px."""
+    while scale > min_scale and cv2.getTextSize(text, FONT, scale, 1)[0][0] > max_width:
+        scale = max(min_scale, scale - 0.02)
+    return scale
+
+
 def put_label(img: np.ndarray, text: str, org: tuple[int, int] = (2, 2), scale: float = 0.35,
               color=(255, 255, 255), bg=(0, 0, 0)) -> np.ndarray:
-    """Text with a filled background box; `org` is the box's top-left corner. In place."""
+    """Text with a filled background box; `org` is the box's top-left corner; the font
+    shrinks (to a point) to fit the image width. In place."""
+    scale = fit_scale(text, scale, img.shape[1] - org[0] - 4)
     (tw, th), base = cv2.getTextSize(text, FONT, scale, 1)
     x, y = org
     cv2.rectangle(img, (x, y), (x + tw + 3, y + th + base + 2), bg, -1)
@@ -122,7 +131,8 @@ def contact_sheet(tiles: Sequence[np.ndarray], cols: int | None = None, title: s
     sheet[:] = bg
     y0 = HEADER_H if title is not None else 0
     if title is not None:
-        cv2.putText(sheet, title, (GAP + 1, HEADER_H - 6), FONT, 0.4, (235, 235, 235), 1, cv2.LINE_AA)
+        scale = fit_scale(title, 0.4, w - 2 * GAP - 2)
+        cv2.putText(sheet, title, (GAP + 1, HEADER_H - 6), FONT, scale, (235, 235, 235), 1, cv2.LINE_AA)
     for i, t in enumerate(tiles):
         r, c = divmod(i, cols)
         y, x = y0 + GAP + r * (th + GAP), GAP + c * (tw + GAP)
@@ -208,7 +218,7 @@ def per_face_mae(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
     return np.abs(np.asarray(pred, np.float64) - np.asarray(truth, np.float64)).mean(axis=(1, 2))
 
 
-def test_sheet(cache, pred: np.ndarray, photos: PhotoReader, n: int, tile: int) -> np.ndarray:
+def predictions_sheet(cache, pred: np.ndarray, photos: PhotoReader, n: int, tile: int) -> np.ndarray:
     """Predictions of n test faces (evenly spread over the split) on their photos."""
     n = min(n, len(cache))
     idx = np.unique(np.linspace(0, len(cache) - 1, n).round().astype(int))
@@ -244,7 +254,7 @@ def worst_sheet(cache, pred: np.ndarray, photos: PhotoReader, n: int, tile: int)
         draw_points(t, p, PRED_COLOR, radius)
         put_label(t, f"{i}: {err[i]:.1f}px")
         tiles.append(t)
-    return contact_sheet(tiles, title=f"worst {len(tiles)} OOF (MAE) green=truth red=pred")
+    return contact_sheet(tiles, title=f"worst {len(tiles)} OOF faces (MAE): green truth, red prediction")
 
 
 def run_show(cfg: dict, cache_dir: str, predictions: str, data_dir: str | None, out_dir: str, n: int,
@@ -263,7 +273,7 @@ def run_show(cfg: dict, cache_dir: str, predictions: str, data_dir: str | None, 
             raise PipelineError(Path(predictions) / "test.npz", f"ensemble has shape {ens.shape}, the test cache "
                                                                 f"needs {(len(test), test.schema.k, 2)}")
         photos = PhotoReader(root, Path(test.info.get("xml", root)))
-        written["test"] = write_png(out / "test_sheet.png", test_sheet(test, ens, photos, n, tile))
+        written["test"] = write_png(out / "test_sheet.png", predictions_sheet(test, ens, photos, n, tile))
     if worst > 0:
         train = load_cache(Path(cache_dir) / "train")
         tta = _load_npz(Path(predictions) / "oof.npz", ["tta"])["tta"]

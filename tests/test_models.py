@@ -119,7 +119,11 @@ def test_resunet_resolutions():
     with torch.no_grad():
         feats = model.forward_features(x)
         assert [f.shape[-1] for f in feats] == [64, 32, 16, 8, 4, 2]
-        assert model.forward_decoder(feats).shape[-2:] == (64, 64)
+        # resunet-tiny stops after 3 of the 5 decoder levels: maps at 1/4 of the input
+        assert model.forward_decoder(feats).shape[-2:] == (16, 16)
+    full = create_model("resunet-tiny", K, input_size=64, decoder_levels=5).eval()
+    with torch.no_grad():
+        assert full.forward_decoder(full.forward_features(x)).shape[-2:] == (64, 64)
 
 
 def test_tiny_is_cheap():
@@ -185,10 +189,11 @@ def test_forward_maps(preset):
         coords, probs = model.forward_maps(x)
         plain = model(x)
     s = SMALL[preset]
-    assert probs.shape == (2, K, s, s)
+    m = s // 2 ** (5 - getattr(model, "decoder_levels", 5))  # map side: coarser with fewer levels
+    assert probs.shape == (2, K, m, m)
     assert torch.allclose(probs.sum((-2, -1)), torch.ones(2, K), atol=1e-5)
     assert torch.equal(coords, plain)
-    grid = torch.arange(s, dtype=torch.float32)
+    grid = (torch.arange(m, dtype=torch.float32) + 0.5) * (s / m) - 0.5  # map pixel centres in input px
     assert torch.allclose(coords[..., 0], (probs.sum(-2) * grid).sum(-1), atol=1e-4)
     assert torch.allclose(coords[..., 1], (probs.sum(-1) * grid).sum(-1), atol=1e-4)
 

@@ -1,6 +1,8 @@
 import numpy as np
 import pytest
 
+from pipeline.config import DEFAULTS
+
 from pipeline.cli import main
 from pipeline.errors import PipelineError
 from pipeline.submit import (format_submission, read_solution, read_submission, submission_ids,
@@ -197,7 +199,7 @@ def test_submit_standalone_calls_predict_xml(tmp_path, monkeypatch, capsys):
                                  "--out", str(out), "--set", "predict.tta=none"], capsys)
     assert code == 0, err
     assert calls["xml"] == str(xml) and calls["ckpts"] == [str(a), str(b)]
-    assert calls["predict"]["tta"] == "none" and calls["crop"]["size"] == 96 and "schema" in calls["data"]
+    assert calls["predict"]["tta"] == "none" and calls["crop"]["size"] == DEFAULTS["crop"]["size"] and "schema" in calls["data"]
     vals = read_submission(out)
     np.testing.assert_array_equal(vals, np.arange(3 * 68 * 2))
 

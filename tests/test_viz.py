@@ -59,7 +59,7 @@ def viz_ws(tiny_workspace, demo_dir, tmp_path_factory):
             "data": demo_dir, "n_val": len(val)}
 
 
-def run(argv, capsys=None):
+def run(argv):
     """main(argv) -> exit code (0 when it returns)."""
     try:
         main([str(a) for a in argv])
