@@ -23,7 +23,8 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     """Yield a temp path beside `path`; rename it onto `path` only if the block succeeds.
 
     `suffix` keeps an extension on the temp name for writers that insist on one
-    (np.save appends .npy, cv2.imwrite picks the codec by extension).
+    (np.save appends .npy; the temp name always ends in .tmp, so encode images with
+    cv2.imencode and write the bytes rather than cv2.imwrite on the temp path).
     """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
