@@ -102,10 +102,11 @@ def seed_worker(worker_id: int) -> None:
 def make_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, device: torch.device,
                 num_workers: int = 0, drop_last: bool = False, seed: int = 0) -> DataLoader:
     g = torch.Generator().manual_seed(seed)
+    # no persistent_workers: the trainer builds a fresh loader per epoch (seeded by the
+    # epoch, for exact resume), so persistent workers would only outlive their loader
     return DataLoader(dataset, batch_size=batch_size, sampler=sampler, num_workers=num_workers,
                       pin_memory=device.type == "cuda", drop_last=drop_last,
-                      worker_init_fn=seed_worker, generator=g,
-                      persistent_workers=num_workers > 0)
+                      worker_init_fn=seed_worker, generator=g)
 
 
 class DeviceLoader:
