@@ -4,7 +4,7 @@ so `pipeline --help` does not import torch."""
 from __future__ import annotations
 
 import functools
-import importlib
+import importlib.util
 import logging
 import sys
 
