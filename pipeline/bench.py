@@ -123,7 +123,7 @@ def demo_cache(workdir: Path, size: int, n_train: int = 96, n_test: int = 16) ->
     from pipeline.demo import generate_demo
 
     demo = generate_demo(workdir / "demo", n_train=n_train, n_test=n_test, seed=0)
-    cfg = load_config(None, [f"data.dir={demo}", f"crop.size={size}", "crop.n_jobs=1"])
+    cfg = load_config(None, [f"data.dir={demo}", f"crop.side={size}", "crop.n_jobs=1"])
     run_crop(cfg, workdir / "cache")
     return workdir / "cache"
 
@@ -316,7 +316,7 @@ def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device
     for path in checkpoints:
         model, ckpt = load_model(path, device, schema=schema)
         ccfg = ckpt.get("config", {}).get("crop", cfg["crop"])
-        key = (int(ccfg["size"]), float(ccfg["expand"]))
+        key = (int(ccfg["side"]), float(ccfg["expand"]))
         if key not in crops_by:
             crops_by[key] = crop_faces(test, data_dir, key[0], key[1], cfg["crop"]["n_jobs"], test_xml)
         crops, a = crops_by[key]

@@ -1,5 +1,5 @@
 """Crop and cache: expand each face box, make it square, crop (padding where the box leaves
-the image), resize to `crop.size`, and store every face of a split in one uint8 array with
+the image), resize to `crop.side`, and store every face of a split in one uint8 array with
 its keypoints and the crop->original transform, so predictions map back exactly.
 
 Files per split (docs/design.md, "Face cache"): faces.npy, keypoints.npy,
@@ -156,7 +156,7 @@ def crop_faces(faces: list[Face], root: str | os.PathLike, size: int, expand: fl
     from tqdm import tqdm
 
     if size < 1 or expand <= 0:
-        raise PipelineError("params.yaml", f"crop.size must be >= 1 and crop.expand > 0, got {size}, {expand}")
+        raise PipelineError("params.yaml", f"crop.side must be >= 1 and crop.expand > 0, got {size}, {expand}")
     root = Path(root)
     by_image: dict[str, list[int]] = {}
     for i, f in enumerate(faces):
@@ -289,8 +289,8 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, 
     from pipeline.config import write_resolved
 
     dcfg, ccfg = cfg["data"], cfg["crop"]
-    if ccfg["size"] < 8 or ccfg["expand"] <= 0:
-        raise PipelineError("params.yaml", f"crop.size must be >= 8 and crop.expand > 0, got "
+    if ccfg["side"] < 8 or ccfg["expand"] <= 0:
+        raise PipelineError("params.yaml", f"crop.side must be >= 8 and crop.expand > 0, got "
                                            f"{ccfg['size']} and {ccfg['expand']}")
     if ccfg["n_jobs"] == 0:
         raise PipelineError("params.yaml", "crop.n_jobs must be >= 1 (or negative: all cores but n+1)")
@@ -310,14 +310,14 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, 
     crops, timing = {}, {}
     for name, (xml, _) in splits.items():
         t0 = time.perf_counter()
-        crops[name] = crop_faces(faces[name], root, ccfg["size"], ccfg["expand"], ccfg["n_jobs"], xml,
+        crops[name] = crop_faces(faces[name], root, ccfg["side"], ccfg["expand"], ccfg["n_jobs"], xml,
                                  progress=True, return_sizes=True)
         timing[name] = time.perf_counter() - t0
     for name, dt in timing.items():  # logged once everything is known to be good
         log.info("crop %s: %d faces in %.2f s (%.0f faces/s, %d jobs)", name, len(faces[name]), dt,
                  len(faces[name]) / max(dt, 1e-9), ccfg["n_jobs"])
     for name, (xml, _) in splits.items():
-        _write_split(out / name, faces[name], *crops[name], schema, xml, ccfg["size"], ccfg["expand"], cfg)
+        _write_split(out / name, faces[name], *crops[name], schema, xml, ccfg["side"], ccfg["expand"], cfg)
     write_resolved(cfg, out, ["data", "crop"])
     return {name: len(f) for name, f in faces.items()}
 

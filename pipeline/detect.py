@@ -183,11 +183,12 @@ def locate_faces(image: np.ndarray, max_faces: int = 0) -> tuple[np.ndarray, np.
 
 
 def checkpoint_crop(ckpt: dict) -> tuple[int, float]:
-    """(crop.size, crop.expand) the checkpoint's model was trained on."""
+    """(crop.side, crop.expand) the checkpoint's model was trained on."""
     from pipeline.config import DEFAULTS
 
     crop = (ckpt.get("config") or {}).get("crop") or DEFAULTS["crop"]
-    return int(crop.get("size", DEFAULTS["crop"]["size"])), float(crop.get("expand", DEFAULTS["crop"]["expand"]))
+    side = crop.get("side", crop.get("size", DEFAULTS["crop"]["side"]))  # "size" before the rename
+    return int(side), float(crop.get("expand", DEFAULTS["crop"]["expand"]))
 
 
 def load_models(checkpoints: Sequence[str | os.PathLike], device) -> list[tuple]:
@@ -205,7 +206,7 @@ def load_models(checkpoints: Sequence[str | os.PathLike], device) -> list[tuple]
 def predict_boxes(image: np.ndarray, boxes: np.ndarray, models: Sequence[tuple], tta: str = "flip",
                   device=None) -> np.ndarray:
     """Keypoints (M, K, 2) in photo pixels for training-convention boxes (M, 4): each model
-    sees the face cropped as in its training cache (crop.size, crop.expand), predictions
+    sees the face cropped as in its training cache (crop.side, crop.expand), predictions
     are mapped back through the crop transform and averaged over the models."""
     import torch
 

@@ -152,7 +152,7 @@ def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.Path
     preds = []
     for path in checkpoints:
         model, ckpt = load_model(path, device, schema=schema)
-        geo = ckpt.get("crop") or {"size": crop_cfg["size"], "expand": crop_cfg["expand"]}
+        geo = ckpt.get("crop") or {"size": crop_cfg["side"], "expand": crop_cfg["expand"]}
         key = (int(geo["size"]), float(geo["expand"]))
         if key not in crops_by_geometry:
             crops_by_geometry[key] = crop_faces(faces, Path(xml_path).parent, key[0], key[1], crop_cfg["n_jobs"])

@@ -39,7 +39,7 @@ def tiny_workspace(tmp_path_factory, demo_dir) -> Path:
     from pipeline.folds import make_folds
 
     ws = tmp_path_factory.mktemp("ws")
-    cfg = load_config(None, [f"data.dir={demo_dir}", "crop.size=32", "crop.n_jobs=1"])
+    cfg = load_config(None, [f"data.dir={demo_dir}", "crop.side=32", "crop.n_jobs=1"])
     run_crop(cfg, ws / "cache")
     meta = pd.read_csv(ws / "cache" / "train" / "meta.csv")
     pd.DataFrame({"index": meta["index"], "face_id": meta["face_id"], "group": meta["group"],

@@ -25,7 +25,7 @@ import pytest
 
 TRAIN_XML = "labels_ibug_300W_train.xml"
 TEST_XML = "labels_ibug_300W_test_parsed.xml"
-CROP_SETS = ["--set", "crop.size=32", "--set", "crop.n_jobs=1"]
+CROP_SETS = ["--set", "crop.side=32", "--set", "crop.n_jobs=1"]
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -217,7 +217,7 @@ def params_unknown_key(demo_dir, tmp):
 
 def params_wrong_type(demo_dir, tmp):
     return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop:\n  size: big\n",
-                        r"'crop.size' must be int, got 'big'")
+                        r"'crop.side' must be int, got 'big'")
 
 
 def params_invalid_yaml(demo_dir, tmp):
@@ -235,7 +235,7 @@ def fold_out_of_range(tmp, tiny_workspace):
     ws = tiny_workspace
     out = tmp / "models"
     return Case(["train", "--fold", "9", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"),
-                 "--out", str(out), "--live", str(tmp / "live"), "--set", "crop.size=32",
+                 "--out", str(out), "--live", str(tmp / "live"), "--set", "crop.side=32",
                  "--set", "model.input_size=32", "--set", "folds.k=2", "--set", "folds.train=[0,1]"],
                 [str(ws / "folds.csv")], r"fold 9 out of range: folds are 0\.\.1", out)
 
@@ -427,7 +427,7 @@ def submit_xml_malicious_checkpoint(demo_dir, tmp):
     ckpt.write_bytes(pickle.dumps(_Evil(tmp / "marker")))
     out = tmp / "subs" / "s.csv"
     return Case(["submit", "--xml", str(demo_dir / TEST_XML), "--checkpoints", str(ckpt), "--out", str(out),
-                 "--set", "crop.size=32", "--set", "crop.n_jobs=1", "--set", "predict.device=cpu"],
+                 "--set", "crop.side=32", "--set", "crop.n_jobs=1", "--set", "predict.device=cpu"],
                 [str(ckpt)], r"not a loadable checkpoint", out.parent)
 
 
@@ -457,7 +457,7 @@ def nose1_checkpoint(tmp_path_factory, demo_dir, tiny_workspace) -> Path:
     from pipeline.train import fit
 
     ws = tmp_path_factory.mktemp("nose1")
-    cfg = load_config(None, [f"data.dir={demo_dir}", "data.schema=nose1", "crop.size=32", "crop.n_jobs=1",
+    cfg = load_config(None, [f"data.dir={demo_dir}", "data.schema=nose1", "crop.side=32", "crop.n_jobs=1",
                              "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2",
                              "train.randaug_n=0"])
     run_crop(cfg, ws / "cache")

@@ -32,7 +32,7 @@ def tiny_checkpoint(tmp_path_factory):
     torch.manual_seed(0)
     model = create_model("resunet-tiny", 68, input_size=32)
     path = tmp_path_factory.mktemp("ckpt") / "tiny.pt"
-    cfg = load_config(None, ["crop.size=32", "model.input_size=32"])
+    cfg = load_config(None, ["crop.side=32", "model.input_size=32"])
     save_checkpoint(path, {"model_config": model.config, "model": model.state_dict(), "schema": IBUG68.to_dict(),
                            "epoch": 0, "config": cfg})
     return path

@@ -45,7 +45,7 @@ def _check_cache(split, xml, size):
 
 
 def test_demo_cache_round_trip(demo_dir, tmp_path):
-    counts = run_crop(_cfg(demo_dir, "crop.size=40"), tmp_path / "cache")
+    counts = run_crop(_cfg(demo_dir, "crop.side=40"), tmp_path / "cache")
     assert counts == {"train": 48, "test": 8}
     tr = _check_cache(tmp_path / "cache" / "train", demo_dir / "labels_ibug_300W_train.xml", 40)
     te = _check_cache(tmp_path / "cache" / "test", demo_dir / "labels_ibug_300W_test_parsed.xml", 40)
@@ -67,7 +67,7 @@ def test_real_cache_round_trip(real_dir, make_dataset, tmp_path):
         for im in images.findall("image")[keep:]:
             images.remove(im)
         tree.write(root / name)
-    run_crop(_cfg(root, "crop.size=64"), tmp_path / "c")
+    run_crop(_cfg(root, "crop.side=64"), tmp_path / "c")
     c = _check_cache(tmp_path / "c" / "train", root / "labels_ibug_300W_train.xml", 64)
     assert len(c) == 60 and c.faces[:, 20:44, 20:44].mean() > 30  # real content in the middle
     _check_cache(tmp_path / "c" / "test", root / "labels_ibug_300W_test_parsed.xml", 64)
@@ -109,21 +109,21 @@ def test_box_partly_outside_is_padded(make_dataset, face_points):
     assert crops.shape == (1, 50, 50, 3) and a.shape == (1, 2, 3)
     c = crops[0]
     assert (c[:5, :5] == 0).all() and (c[-5:, -5:] == 200).all()  # black padding top-left
-    run_crop(_cfg(root, "crop.size=50"), root / "cache")
+    run_crop(_cfg(root, "crop.side=50"), root / "cache")
     te = load_cache(root / "cache" / "test")
     assert (te.faces[0, -3:, -3:] == 0).all() and (te.faces[0, :3, :3] == 200).all()
 
 
 def test_failure_writes_nothing_and_keeps_the_old_cache(demo_dir, make_dataset, face_points, tmp_path):
     out = tmp_path / "cache"
-    run_crop(_cfg(demo_dir, "crop.size=16"), out)
+    run_crop(_cfg(demo_dir, "crop.side=16"), out)
     before = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     photo = np.zeros((100, 100, 3), np.uint8)
     root = make_dataset(images={"a.jpg": photo, "b.jpg": b"\xff\xd8\xff garbage" * 30},
                         train=[("a.jpg", [((20, 20, 50, 50), face_points * 0.5)])],
                         test=[("b.jpg", [((20, 20, 50, 50), None)])])
     with pytest.raises(PipelineError, match="b.jpg.*cannot decode"):
-        run_crop(_cfg(root, "crop.size=16"), out)
+        run_crop(_cfg(root, "crop.side=16"), out)
     after = {p: p.read_bytes() for p in out.rglob("*") if p.is_file()}
     assert after == before  # the failing run (train was fine) changed nothing
     assert not [p for p in tmp_path.rglob(".*tmp*")]
@@ -151,7 +151,7 @@ def test_refuses_to_replace_a_foreign_folder(demo_dir, tmp_path):
 
 
 def test_cli_and_missing_demo(demo_dir, tmp_path, monkeypatch, capsys):
-    main(["crop", "--set", f"data.dir={demo_dir}", "--set", "crop.size=24", "--set", "crop.n_jobs=1",
+    main(["crop", "--set", f"data.dir={demo_dir}", "--set", "crop.side=24", "--set", "crop.n_jobs=1",
           "--out", str(tmp_path / "c")])
     info = json.loads((tmp_path / "c" / "train" / "info.json").read_text())
     assert info["size"] == 24 and info["expand"] == 1.25 and info["xml"].endswith("labels_ibug_300W_train.xml")
@@ -180,7 +180,7 @@ def test_strong_reduction_is_low_passed():
 
 
 def test_nose1_schema_keeps_part_30(demo_dir, tmp_path):
-    run_crop(_cfg(demo_dir, "crop.size=16", "data.schema=nose1"), tmp_path / "c")
+    run_crop(_cfg(demo_dir, "crop.side=16", "data.schema=nose1"), tmp_path / "c")
     c = load_cache(tmp_path / "c" / "train")
     full = np.stack([f.keypoints for f in load_xml(demo_dir / "labels_ibug_300W_train.xml", IBUG68)])
     assert c.schema.name == "nose1" and c.keypoints.shape == (48, 1, 2)

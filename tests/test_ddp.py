@@ -16,7 +16,7 @@ from pipeline.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
-SETS = ["crop.size=32", "model.input_size=32", "train.batch_size=8", "train.epochs=2", "folds.k=2",
+SETS = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=2", "folds.k=2",
         "folds.train=[0,1]", "train.randaug_n=1", "train.device=cpu"]
 
 

@@ -23,7 +23,7 @@ REPO = Path(__file__).resolve().parents[1]
 PARAMS = {
     "data": {"dir": "demo"},
     "demo": {"n_train": 40, "n_test": 6, "seed": 11},
-    "crop": {"size": 32, "n_jobs": 1},
+    "crop": {"side": 32, "n_jobs": 1},
     "folds": {"k": 2, "train": [0, 1]},
     "model": {"input_size": 32},
     "train": {"epochs": 1, "batch_size": 8, "randaug_n": 1, "device": "cpu"},

@@ -26,7 +26,7 @@ from pipeline.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCHS = 5
-SETS = ["crop.size=32", "model.input_size=32", "train.batch_size=8", f"train.epochs={EPOCHS}",
+SETS = ["crop.side=32", "model.input_size=32", "train.batch_size=8", f"train.epochs={EPOCHS}",
         "train.warmup_epochs=1", "folds.k=2", "folds.train=[0,1]", "train.randaug_n=1", "train.device=cpu"]
 
 

@@ -14,7 +14,7 @@ from pipeline.predict import predict_crops
 from pipeline.schema import IBUG68
 from pipeline.train import fit
 
-TINY = ["crop.size=32", "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2",
+TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2",
         "train.randaug_n=1"]
 
 

@@ -11,7 +11,7 @@ from pipeline.config import load_config
 from pipeline.errors import PipelineError
 from pipeline.train import fit, get_lr
 
-TINY = ["crop.size=32", "model.input_size=32", "train.batch_size=8", "train.epochs=4",
+TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=4",
         "train.warmup_epochs=1", "folds.k=2", "train.randaug_n=1"]
 
 
