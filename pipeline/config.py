@@ -34,16 +34,22 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "n_train": 400,  # synthetic training faces
         "n_test": 60,  # synthetic test faces (truth goes to solution.csv)
         "seed": 0,  # same seed -> byte-identical XML and CSV
+        "layout": "flat",  # flat (images/train, images/test) | 300w (the full set's folders, names, mirrors)
     },
     "crop": {
         "expand": 1.25,  # box side is scaled by this before the square crop
-        "size": 64,  # cached face side in pixels (uint8, N x size x size x 3)
+        "side": 64,  # cached face side in pixels (uint8, N x side x side x 3); not "size": DVC's run
+        # cache ignores params named size (treeverse/dvc#10296), so a change would not re-run crop
         "n_jobs": 2,  # joblib workers
     },
     "folds": {
         "k": 5,  # number of folds
         "seed": 0,  # shuffling of photo groups
         "train": [0, 1, 2, 3, 4],  # folds that get a train stage in dvc.yaml (each < k)
+        # photo groups (kept in one fold): a regex matched against each image path without
+        # its extension; its named group 'photo' is the group. The default is 300-W's
+        # naming (face _1.._99, mirror _mirror): see pipeline.dataset.photo_group
+        "group_regex": r"^(?P<photo>.+?)(?:_\d{1,2})?(?:_mirror)?$",
     },
     "model": {
         "preset": "resunet-tiny",  # registry name, see `pipeline models`
@@ -91,6 +97,64 @@ NULLABLE: dict[str, tuple[type, ...]] = {
 FREE_FORM = {"model.options", "data.custom_schema"}
 
 
+# Value ranges, checked where the value is read (so the error names the file or --set at
+# fault). Every float must also be finite. key -> (test, what it must be).
+def _int_at_least(lo: int):
+    return (lambda v: v >= lo), f"an integer >= {lo}"
+
+
+def _number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False):
+    def ok(v):
+        return (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    return ok, f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+
+RANGES: dict[str, tuple[Any, str]] = {
+    "demo.n_train": _int_at_least(1), "demo.n_test": _int_at_least(1), "demo.seed": _int_at_least(0),
+    "crop.expand": _number_in(0, 10, lo_open=True), "crop.side": ((lambda v: 8 <= v <= 4096), "an integer in [8, 4096]"),
+    "folds.k": _int_at_least(2), "folds.seed": _int_at_least(0),
+    "folds.train": ((lambda v: all(isinstance(f, int) and not isinstance(f, bool) and f >= 0 for f in v)),
+                    "a list of fold numbers (integers >= 0)"),
+    "model.input_size": ((lambda v: 8 <= v <= 4096), "an integer in [8, 4096]"),
+    "model.in_chans": ((lambda v: v in (1, 3)), "1 or 3"),
+    "train.epochs": _int_at_least(1), "train.batch_size": _int_at_least(1),
+    "train.lr": _number_in(0, 1e3, lo_open=True), "train.momentum": _number_in(0, 1, hi_open=True),
+    "train.weight_decay": _number_in(0, 1e3), "train.warmup_epochs": _number_in(0, 1e6),
+    "train.structure_lambda": _number_in(0, 1e6), "train.scale_min": _number_in(0, 100, lo_open=True),
+    "train.scale_max": _number_in(0, 100, lo_open=True), "train.flip": _number_in(0, 1),
+    "train.randaug_n": _int_at_least(0), "train.randaug_m": ((lambda v: 0 <= v <= 30), "an integer in [0, 30]"),
+    "train.num_workers": _int_at_least(0), "train.seed": _int_at_least(0), "train.grad_clip": _number_in(0, 1e9),
+    "predict.batch_size": _int_at_least(1),
+    "demo.layout": ((lambda v: v in ("flat", "300w")), "flat or 300w"),
+    "train.amp": ((lambda v: v in ("auto", "on", "off", "bf16", "fp16")), "auto, on, off, bf16 or fp16"),
+    "train.channels_last": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
+    "folds.group_regex": ((lambda v: _regex_with_photo(v)), "a regex with a named group (?P<photo>...)"),
+}
+
+
+def _regex_with_photo(pattern: str) -> bool:
+    import re
+
+    try:
+        return "photo" in re.compile(pattern).groupindex
+    except re.error:
+        return False
+
+# On/off switches: YAML reads on/off/yes/no/true/false as booleans; they mean "on"/"off".
+SWITCHES = {"train.channels_last", "train.amp"}
+
+
+def _check_range(key: str, value: Any, source: str) -> None:
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PipelineError(source, f"'{key}' must be a finite number, got {value!r}")
+    if key in RANGES and value is not None:
+        ok, what = RANGES[key]
+        if not ok(value):
+            raise PipelineError(source, f"'{key}' must be {what}, got {value!r}")
+
+
 def _type_ok(key: str, default: Any, value: Any) -> bool:
     if key in NULLABLE:
         return value is None or isinstance(value, NULLABLE[key])
@@ -125,10 +189,13 @@ def _merge(base: dict, update: dict, source: str, prefix: str = "") -> None:
             base[key] = copy.deepcopy(value) if value is not None else ({} if default == {} else None)
         elif isinstance(default, dict) and full not in NULLABLE:
             _merge(default, value, source, full + ".")
+        elif full in SWITCHES and isinstance(value, bool):
+            base[key] = "on" if value else "off"
         elif not _type_ok(full, DEFAULTS_FLAT.get(full, default), value):
             raise PipelineError(
                 source, f"'{full}' must be {_type_name(full, DEFAULTS_FLAT.get(full, default))}, got {value!r}")
         else:
+            _check_range(full, value, source)
             base[key] = float(value) if isinstance(DEFAULTS_FLAT.get(full), float) else value
 
 
@@ -143,6 +210,24 @@ def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
 
 
 DEFAULTS_FLAT = _flatten(DEFAULTS)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice (plain YAML keeps the last)."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicated key '{key}' (also on line {seen[key] + 1})", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
 
 
 def parse_override(text: str) -> dict:
@@ -179,7 +264,7 @@ def load_config(params: str | os.PathLike | None = "params.yaml",
             if path.is_dir():
                 raise PipelineError(path, "is a directory, expected a params YAML file")
             try:
-                loaded = yaml.safe_load(path.read_text())
+                loaded = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
             except yaml.YAMLError as e:
                 mark = getattr(e, "problem_mark", None)
                 line = f" (line {mark.line + 1})" if mark else ""

@@ -16,6 +16,7 @@ from pathlib import Path, PurePosixPath
 import cv2
 import numpy as np
 
+from pipeline.config import DEFAULTS
 from pipeline.errors import PipelineError
 from pipeline.schema import KeypointSchema
 
@@ -29,10 +30,29 @@ class Face:
     group: str  # photo id: faces of one photo share it and stay in one fold
 
 
-def photo_group(image: str) -> str:
-    """'afw/1130084326_2.jpg' -> 'afw/1130084326': 300-W names faces of one photo <photo>_<n>."""
-    p = PurePosixPath(image)
-    return str(p.parent / re.sub(r"_\d+$", "", p.stem))
+# The 300-W naming (dlib's ibug_300W_large_face_landmark_dataset), path without extension:
+#   afw/1130084326_2, helen/trainset/100032540_1   <photo>_<face>     (face 1..2 digits)
+#   lfpw/trainset/image_0854                        the whole stem is the photo
+#   ibug/image_092_01                               photo image_092, face 01
+#   <any of these>_mirror                           the left-right mirrored copy
+# `photo` is everything before an optional 1-2 digit face number and an optional _mirror:
+# a face, the other faces of its photo and its mirror get one group. `folds.group_regex`
+# (params) sets another rule for other data sets.
+GROUP_REGEX: str = DEFAULTS["folds"]["group_regex"]
+_DEFAULT_GROUP_RX = re.compile(GROUP_REGEX)
+
+
+def photo_group(image: str, rule: "str | re.Pattern[str] | None" = None) -> str:
+    """Photo group of an image path, e.g. 'afw/1130084326_2.jpg' -> 'afw/1130084326',
+    'helen/trainset/100032540_1_mirror.jpg' -> 'helen/trainset/100032540',
+    'ibug/image_092_01.jpg' -> 'ibug/image_092', 'lfpw/trainset/image_0001.png' ->
+    'lfpw/trainset/image_0001'. `rule` (default GROUP_REGEX) is matched against the path
+    without its extension; a path it does not match is its own group."""
+    rx = _DEFAULT_GROUP_RX if rule is None else (re.compile(rule) if isinstance(rule, str) else rule)
+    p = PurePosixPath(image.replace("\\", "/"))
+    stem = str(p.with_suffix("")) if p.suffix else str(p)
+    m = rx.match(stem)
+    return m.group("photo") if m and m.group("photo") else stem
 
 
 def safe_image_path(root: Path, rel: str, source: str | os.PathLike) -> Path:

@@ -17,6 +17,15 @@ occluders; the boxes imitate a face detector (keypoint extent stretched up to th
 brow, each edge jittered). Some photos hold two faces, written as `<photo>_1.jpg` /
 `<photo>_2.jpg` (as 300-W does) or as one image with two boxes, to exercise grouping.
 
+`layout="300w"` (params `demo.layout: 300w`) writes dlib's ibug_300W_large_face_landmark_dataset
+layout instead: subset folders `afw/`, `helen/trainset/`, `lfpw/trainset/`, `ibug/` (test:
+`helen/testset/`, `lfpw/testset/`), their naming (`afw/<id>_<n>.jpg`,
+`lfpw/trainset/image_0001.png`, `ibug/image_092_01.jpg`), multi-face photos as one file
+per face, and a left-right mirrored copy `<name>_mirror.jpg` of every training image beside
+it with mirrored box and keypoints (x -> W - 1 - x, points renumbered by the flip
+permutation), as the full set has them. demo.json then also maps each image to the photo
+it shows (`photos`), the truth for grouping tests.
+
 The same seed gives byte-identical XML and CSV: every photo draws from its own
 `SeedSequence([seed, split, photo])` stream, whatever the worker count."""
 
@@ -394,6 +403,73 @@ def _plan(seed: int, split: int, n: int, allow_multi_box: bool) -> list[tuple[in
 
 
 # --------------------------------------------------------------------------------------
+# the 300-W layout
+
+LAYOUTS = ("flat", "300w")
+_SUBSETS = {"train": ("afw", "helen", "lfpw", "ibug"), "test": ("helen", "lfpw")}
+_SUBSET_P = {"train": (0.1, 0.6, 0.25, 0.05), "test": (0.6, 0.4)}
+
+
+def _names_300w(seed: int, split: str, photo: int, n_faces: int) -> list[str]:
+    """300-W file names of one photo's faces (one file per face)."""
+    rng = np.random.default_rng(np.random.SeedSequence([seed, SPLITS[split], photo, 300]))
+    subset = str(rng.choice(_SUBSETS[split], p=_SUBSET_P[split]))
+    if subset == "lfpw" and n_faces > 1:  # LFPW names carry no face number: one face a photo
+        subset = "helen"
+    part = "trainset" if split == "train" else "testset"
+    if subset == "afw":
+        return [f"afw/{1000000000 + 7919 * photo}_{j + 1}.jpg" for j in range(n_faces)]
+    if subset == "helen":
+        return [f"helen/{part}/{100000000 + 104729 * photo}_{j + 1}.jpg" for j in range(n_faces)]
+    if subset == "lfpw":
+        return [f"lfpw/{part}/image_{photo + 1:04d}.png"]
+    return [f"ibug/image_{photo + 1:03d}_{j + 1:02d}.jpg" for j in range(n_faces)]
+
+
+def _mirror_entry(name: str, data: bytes, boxes: list) -> tuple[str, bytes, list]:
+    """The mirrored copy of one file: `<stem>_mirror.jpg`, image flipped left-right, boxes
+    and keypoints mirrored (x -> W - 1 - x for pixel centres, box left -> W - left - width)
+    and the points renumbered by the flip permutation."""
+    from pipeline.schema import IBUG68
+
+    img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    w = img.shape[1]
+    ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(img[:, ::-1]), [cv2.IMWRITE_JPEG_QUALITY, 90])
+    assert ok
+    perm = list(IBUG68.flip_perm)
+    out = []
+    for (left, top, bw, bh), kp in boxes:
+        mk = np.stack([(w - 1) - kp[:, 0], kp[:, 1]], axis=1)[perm]
+        out.append(((w - left - bw, top, bw, bh), mk))
+    stem = name.rsplit(".", 1)[0]
+    return f"{stem}_mirror.jpg", buf.tobytes(), out
+
+
+def _to_300w(seed: int, split: str, plan: list, photos: list[dict]) -> tuple[dict, list, dict]:
+    """Rename the rendered photos to the 300-W layout and add the mirrors (train only):
+    (files {path: bytes}, entries [(path, boxes)], photo of each path)."""
+    files, entries, mirrors, photo_of = {}, [], [], {}
+    for (p, nf, _), ph in zip(plan, photos):
+        names = _names_300w(seed, split, p, nf)
+        for (old, boxes), new in zip(ph["entries"], names):
+            data = ph["files"][old]
+            if new.endswith(".png"):
+                img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+                ok, buf = cv2.imencode(".png", img)
+                assert ok
+                data = buf.tobytes()
+            files[new] = data
+            entries.append((new, boxes))
+            photo_of[new] = f"{split}/{p}"
+            if split == "train":
+                m_name, m_data, m_boxes = _mirror_entry(new, data, boxes)
+                files[m_name] = m_data
+                mirrors.append((m_name, m_boxes))
+                photo_of[m_name] = f"{split}/{p}"
+    return files, entries + mirrors, photo_of
+
+
+# --------------------------------------------------------------------------------------
 # files
 
 
@@ -434,20 +510,28 @@ def _older_demo(folder: Path) -> bool:
 
 
 def generate_demo(out_dir: str | Path, n_train: int = 400, n_test: int = 60, seed: int = 0,
-                  n_jobs: int = 1) -> Path:
+                  n_jobs: int = 1, layout: str = "flat") -> Path:
     """Write the demo data set to `out_dir` (replaced as a whole: built in a temp folder,
-    then renamed into place). Returns out_dir."""
+    then renamed into place). Returns out_dir. layout "300w": the full set's folders,
+    names and mirrored copies (n_train counts the mirrors, so it must be even)."""
     from pipeline.crop import staging_dir
 
     if n_train < 1 or n_test < 1:
         raise PipelineError("demo-data", f"need at least one face per split, got n_train={n_train} n_test={n_test}")
+    if layout not in LAYOUTS:
+        raise PipelineError("demo-data", f"demo.layout must be one of {', '.join(LAYOUTS)}, got {layout!r}")
+    if layout == "300w" and n_train % 2:
+        raise PipelineError("demo-data", f"demo.n_train must be even with layout 300w (every training face "
+                                         f"has its mirror), got {n_train}")
     out = Path(out_dir)
     t0 = time.perf_counter()
     with staging_dir(out, marker=MARKER, is_ours=_older_demo) as tmp:
-        test_kps = []
+        test_kps, photo_of = [], {}
         for split, n in (("train", n_train), ("test", n_test)):
             sid = SPLITS[split]
-            plan = _plan(seed, sid, n, allow_multi_box=split == "train")
+            real = layout == "300w"
+            n_drawn = n // 2 if real and split == "train" else n
+            plan = _plan(seed, sid, n_drawn, allow_multi_box=split == "train" and not real)
             if n_jobs == 1:
                 photos = [_render_photo(seed, sid, p, nf, mb) for p, nf, mb in plan]
             else:
@@ -455,21 +539,30 @@ def generate_demo(out_dir: str | Path, n_train: int = 400, n_test: int = 60, see
 
                 photos = Parallel(n_jobs=n_jobs, prefer="threads")(
                     delayed(_render_photo)(seed, sid, p, nf, mb) for p, nf, mb in plan)
-            folder = tmp / "images" / split
-            folder.mkdir(parents=True)
-            entries = []
-            for ph in photos:
-                for fname, data in ph["files"].items():
-                    (folder / fname).write_bytes(data)
-                entries += [(f"images/{split}/{f}", boxes) for f, boxes in ph["entries"]]
+            if real:
+                files, entries, names = _to_300w(seed, split, plan, photos)
+                photo_of.update(names)
+                for rel, data in files.items():
+                    (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+                    (tmp / rel).write_bytes(data)
+            else:
+                folder = tmp / "images" / split
+                folder.mkdir(parents=True)
+                entries = []
+                for ph in photos:
+                    for fname, data in ph["files"].items():
+                        (folder / fname).write_bytes(data)
+                    entries += [(f"images/{split}/{f}", boxes) for f, boxes in ph["entries"]]
             if split == "train":
                 (tmp / TRAIN_XML).write_text(_xml("Training faces", entries, True), encoding="ascii")
             else:
                 (tmp / TEST_XML).write_text(_xml("Test faces", entries, False), encoding="ascii")
                 test_kps = [kp for _, boxes in entries for _, kp in boxes]
         (tmp / SOLUTION).write_text(_solution(np.stack(test_kps)), encoding="ascii")
-        (tmp / MARKER).write_text(json.dumps({"generator": "pipeline demo-data", "n_train": n_train,
-                                              "n_test": n_test, "seed": seed}, indent=2) + "\n")
+        made = {"generator": "pipeline demo-data", "n_train": n_train, "n_test": n_test, "seed": seed}
+        if real:
+            made.update(layout=layout, photos=photo_of)
+        (tmp / MARKER).write_text(json.dumps(made, indent=2) + "\n")
     dt = time.perf_counter() - t0
     log.info("demo data: %d train + %d test faces in %.1f s (%.0f faces/s) -> %s",
              n_train, n_test, dt, (n_train + n_test) / max(dt, 1e-9), out)
@@ -481,8 +574,11 @@ def generate_demo(out_dir: str | Path, n_train: int = 400, n_test: int = 60, see
 @click.option("--n-train", type=int, default=None, help="training faces [params demo.n_train]")
 @click.option("--n-test", type=int, default=None, help="test faces [params demo.n_test]")
 @click.option("--seed", type=int, default=None, help="random seed [params demo.seed]")
+@click.option("--layout", type=click.Choice(LAYOUTS), default=None,
+              help="flat (images/train, images/test) or 300w (the full set's folders, names and "
+                   "_mirror copies) [params demo.layout]")
 @config_options
-def demo_data_cmd(out, n_train, n_test, seed, cfg):
+def demo_data_cmd(out, n_train, n_test, seed, layout, cfg):
     """Write the synthetic demo data set (competition layout) to OUT."""
     from pipeline.config import write_resolved
 
@@ -490,6 +586,7 @@ def demo_data_cmd(out, n_train, n_test, seed, cfg):
     d["n_train"] = d["n_train"] if n_train is None else n_train
     d["n_test"] = d["n_test"] if n_test is None else n_test
     d["seed"] = d["seed"] if seed is None else seed
-    generate_demo(out, d["n_train"], d["n_test"], d["seed"])
+    d["layout"] = d["layout"] if layout is None else layout
+    generate_demo(out, d["n_train"], d["n_test"], d["seed"], layout=d["layout"])
     write_resolved(cfg, out, ["demo"])
     click.echo(f"wrote {d['n_train']} train + {d['n_test']} test demo faces to {out}")

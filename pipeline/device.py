@@ -29,17 +29,17 @@ def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
 
     `auto` enables AMP only on CUDA: on CPUs without native bf16 matmul (AVX2-only,
     like our CI machine) autocast makes training hundreds of times slower."""
-    if amp not in ("auto", "off", "bf16", "fp16"):
-        raise PipelineError("params.yaml", f"amp must be auto|off|bf16|fp16, got '{amp}'")
+    if amp not in ("auto", "on", "off", "bf16", "fp16"):
+        raise PipelineError("params.yaml", f"amp must be auto|on|off|bf16|fp16, got '{amp}'")
     if amp == "off":
         return None
-    if amp == "auto":
-        if device.type != "cuda":
-            return None
+    if amp == "auto" and device.type != "cuda":
+        return None
+    if amp in ("auto", "on") and device.type == "cuda":
         return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if device.type != "cuda":
         log.warning("amp=%s on %s: autocast on CPU is usually far slower than fp32", amp, device)
-    return torch.bfloat16 if amp == "bf16" else torch.float16
+    return torch.float16 if amp == "fp16" else torch.bfloat16
 
 
 def autocast(device: torch.device, dtype: torch.dtype | None):

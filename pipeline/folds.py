@@ -17,10 +17,12 @@ from pipeline.errors import PipelineError
 log = logging.getLogger(__name__)
 
 
-def make_folds(groups, k: int, seed: int) -> np.ndarray:
+def make_folds(groups, k: int, seed: int, source: str = "folds") -> np.ndarray:
     """Fold (0..k-1, int64) per face. Groups are shuffled (by seed), then placed largest first
     into the currently smallest fold, so folds stay balanced even with multi-face photos and
-    every fold gets at least one group."""
+    every fold gets at least one group. A group larger than a fold (n / k faces) is refused:
+    it would leave one fold far bigger than the others (usually a grouping rule that lumps
+    unrelated photos together); `source` is named in that error."""
     groups = np.asarray([str(g) for g in groups])
     if len(groups) == 0:
         raise PipelineError("folds", "no faces to split")
@@ -30,6 +32,11 @@ def make_folds(groups, k: int, seed: int) -> np.ndarray:
     if k > len(uniq):
         raise PipelineError("params.yaml", f"folds.k = {k} but there are only {len(uniq)} photo groups "
                                            f"({len(groups)} faces)")
+    big = int(np.argmax(counts))
+    if counts[big] > len(groups) / k:
+        raise PipelineError(source, f"photo group '{uniq[big]}' has {counts[big]} faces, more than a fold "
+                                    f"({len(groups)} faces / folds.k={k} = {len(groups) / k:.0f}): check "
+                                    "folds.group_regex, or lower folds.k")
     order = np.random.default_rng(seed).permutation(len(uniq))
     order = order[np.argsort(-counts[order], kind="stable")]  # big groups first, ties shuffled
     sizes = np.zeros(k, dtype=np.int64)
@@ -58,6 +65,19 @@ def read_meta(meta_path: str | Path):
     return meta
 
 
+def group_faces(meta, rule: str, meta_path: str | Path = "meta.csv"):
+    """Photo group per face (a pandas Series) from meta.csv's image paths by `rule`
+    (folds.group_regex): a face, the other faces of its photo and its mirror share one."""
+    import re
+
+    from pipeline.dataset import photo_group
+
+    if "image" not in meta.columns:
+        raise PipelineError(meta_path, "missing column 'image' (rerun `pipeline crop`)")
+    rx = re.compile(rule)
+    return meta["image"].map(lambda im: photo_group(im, rx)).rename("group")
+
+
 @click.command("folds")
 @click.option("--cache", default="data/cache", show_default=True, help="face cache (reads train/meta.csv)")
 @click.option("--out", "out_path", default="folds/folds.csv", show_default=True)
@@ -69,13 +89,18 @@ def folds_cmd(cache, out_path, cfg):
     from pipeline.config import write_resolved
     from pipeline.io import write_text
 
-    meta = read_meta(Path(cache) / "train" / "meta.csv")
+    meta_path = Path(cache) / "train" / "meta.csv"
+    meta = read_meta(meta_path)
     fcfg = cfg["folds"]
     bad = [f for f in fcfg["train"] if not (isinstance(f, int) and 0 <= f < fcfg["k"])]
     if bad:
         raise PipelineError("params.yaml", f"folds.train has {bad}, folds are 0..{fcfg['k'] - 1}")
-    fold = make_folds(meta["group"].to_numpy(), fcfg["k"], fcfg["seed"])
-    df = pd.DataFrame({"index": meta["index"], "face_id": meta["face_id"], "group": meta["group"], "fold": fold})
+    groups = group_faces(meta, fcfg["group_regex"], meta_path)
+    sizes = groups.value_counts()
+    log.info("%d faces in %d photo groups (folds.group_regex); largest: %s with %d faces", len(groups),
+             len(sizes), sizes.index[0], sizes.iloc[0])
+    fold = make_folds(groups.to_numpy(), fcfg["k"], fcfg["seed"], source=str(meta_path))
+    df = pd.DataFrame({"index": meta["index"], "face_id": meta["face_id"], "group": groups, "fold": fold})
     write_text(out_path, df.to_csv(index=False))
     write_resolved(cfg, Path(out_path).parent, ["folds"], name="folds.params.yaml")
     log.info("%d faces (%d photo groups) in %d folds of sizes %s -> %s", len(df), df["group"].nunique(),

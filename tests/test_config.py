@@ -64,3 +64,81 @@ def test_write_resolved_only_named_sections(tmp_path):
     path = write_resolved(cfg, tmp_path, ["train"])
     data = yaml.safe_load(path.read_text())
     assert list(data) == ["train"] and data["train"]["epochs"] == 7
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("crop:\n  expand: .nan\n", "'crop.expand' must be a finite number, got nan"),
+    ("crop:\n  expand: .inf\n", "'crop.expand' must be a finite number, got inf"),
+    ("crop:\n  expand: 0\n", "'crop.expand' must be a number in (0, 10]"),
+    ("crop:\n  side: 100000\n", "'crop.side' must be an integer in [8, 4096]"),
+    ("train:\n  batch_size: 0\n", "'train.batch_size' must be an integer >= 1, got 0"),
+    ("train:\n  lr: .nan\n", "'train.lr' must be a finite number"),
+    ("train:\n  lr: -0.1\n", "'train.lr' must be a number in (0, 1000]"),
+    ("train:\n  epochs: -3\n", "'train.epochs' must be an integer >= 1, got -3"),
+    ("train:\n  seed: -1\n", "'train.seed' must be an integer >= 0, got -1"),
+    ("train:\n  flip: 1.5\n", "'train.flip' must be a number in [0, 1]"),
+    ("train:\n  channels_last: sometimes\n", "'train.channels_last' must be auto, on or off"),
+    ("folds:\n  k: 1\n", "'folds.k' must be an integer >= 2, got 1"),
+    ("folds:\n  train: [-1]\n", "'folds.train' must be a list of fold numbers"),
+    ("folds:\n  group_regex: '(unclosed'\n", "'folds.group_regex' must be a regex with a named group"),
+    ("folds:\n  group_regex: '^(.+)_\\d+$'\n", "'folds.group_regex' must be a regex with a named group"),
+    ("demo:\n  layout: 500w\n", "'demo.layout' must be flat or 300w"),
+    ("train:\n  lr: 0.1\n  lr: 0.2\n", "duplicated key 'lr' (also on line 2)"),
+    ("train:\n  lr: 0.1\ntrain:\n  epochs: 2\n", "duplicated key 'train' (also on line 1)"),
+])
+def test_out_of_range_and_duplicated_keys_name_the_file(tmp_path, text, needle):
+    """A value out of its range (NaN, inf, 0, negative) or a key given twice is refused
+    with the params file named, the one actually read (not params.yaml)."""
+    p = tmp_path / "other.yaml"
+    p.write_text(text)
+    with pytest.raises(PipelineError) as e:
+        load_config(p)
+    assert str(e.value).startswith(f"{p}: ") and needle in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("crop.expand=0", "--set crop.expand=0: 'crop.expand' must be a number in (0, 10]"),
+    ("train.batch_size=0", "--set train.batch_size=0: 'train.batch_size' must be an integer >= 1"),
+    ("train.lr=1e999", "--set train.lr=1e999: 'train.lr' must be a finite number"),
+])
+def test_out_of_range_override_names_the_set(override, needle):
+    with pytest.raises(PipelineError) as e:
+        load_config(None, [override])
+    assert str(e.value).startswith(needle), str(e.value)
+
+
+@pytest.mark.parametrize("typed, want", [("on", "on"), ("off", "off"), ("true", "on"), ("false", "off"),
+                                          ("yes", "on"), ("auto", "auto"), ("ON", "on")])
+def test_switches_accept_what_users_type(tmp_path, typed, want):
+    cfg = load_config(None, [f"train.channels_last={typed}", f"train.amp={typed}"])
+    assert cfg["train"]["channels_last"] == want and cfg["train"]["amp"] == want
+    p = tmp_path / "p.yaml"
+    p.write_text(f"train:\n  channels_last: {typed}\n  amp: {typed}\n")
+    cfg = load_config(p)
+    assert cfg["train"]["channels_last"] == want and cfg["train"]["amp"] == want
+
+
+def test_amp_on_means_enabled_where_it_can_run():
+    import torch
+
+    from pipeline.device import amp_dtype, use_channels_last
+
+    assert amp_dtype("on", torch.device("cpu")) == torch.bfloat16
+    assert amp_dtype("off", torch.device("cpu")) is None and amp_dtype("auto", torch.device("cpu")) is None
+    assert use_channels_last("on", torch.device("cpu")) and not use_channels_last("off", torch.device("cpu"))
+
+
+def test_no_param_named_size_or_nfiles():
+    """DVC's run cache drops params named `size` or `nfiles` at any depth from its key
+    (treeverse/dvc#10296): a change of one would re-use a stale result."""
+    from pipeline.config import DEFAULTS_FLAT
+
+    bad = [k for k in DEFAULTS_FLAT if k.split(".")[-1] in ("size", "nfiles")]
+    assert not bad
+    for path in [REPO / "params.yaml", *sorted((REPO / "recipes").glob("*.yaml"))]:
+        def walk(d, prefix=""):
+            for k, v in d.items():
+                assert k not in ("size", "nfiles"), f"{path}: {prefix}{k}"
+                if isinstance(v, dict):
+                    walk(v, f"{prefix}{k}.")
+        walk(yaml.safe_load(path.read_text()))

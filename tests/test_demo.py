@@ -131,3 +131,41 @@ def test_cli_refuses_to_replace_a_foreign_folder(tmp_path, capsys):
     (d / "stale.jpg").write_bytes(b"x")
     generate_demo(d, 3, 1, 1)
     assert not (d / "stale.jpg").exists() and (d / TRAIN).exists()
+
+
+def test_300w_layout_names_and_mirrors(tmp_path):
+    """layout 300w: the full set's subset folders and names, one file per face of a
+    multi-face photo, and beside every training image its `_mirror.jpg` copy: the image
+    flipped left-right, the box and points mirrored (x -> W - 1 - x, renumbered by the flip
+    permutation)."""
+    import json
+    import re
+
+    ds = generate_demo(tmp_path / "d", n_train=200, n_test=6, seed=4, layout="300w")
+    train = load_xml(ds / TRAIN, IBUG68, require_parts=True)
+    test = load_xml(ds / TEST, IBUG68, require_parts=False)
+    assert len(train) == 200 and len(test) == 6
+    patterns = [r"afw/\d{10}_\d+", r"helen/trainset/\d{9}_\d+", r"lfpw/trainset/image_\d{4}",
+                r"ibug/image_\d{3}_\d{2}"]
+    originals = [f for f in train if not f.image.endswith("_mirror.jpg")]
+    assert len(originals) == 100
+    for f in originals:
+        assert any(re.fullmatch(p + (r"\.png" if "lfpw" in p else r"\.jpg"), f.image) for p in patterns), f.image
+    assert {f.image.split("/")[0] for f in originals} == {"afw", "helen", "lfpw", "ibug"}
+    assert all(re.fullmatch(r"(helen/testset/\d{9}_\d+\.jpg|lfpw/testset/image_\d{4}\.png)", f.image) for f in test)
+    photos = json.loads((ds / MARKER).read_text())["photos"]
+    per_photo = np.unique([photos[f.image] for f in originals], return_counts=True)[1]
+    assert per_photo.max() == 2  # some photos hold two faces, one file each
+    by_image = {f.image: f for f in train}
+    perm = list(IBUG68.flip_perm)
+    for f in originals:
+        m = by_image[f.image.rsplit(".", 1)[0] + "_mirror.jpg"]
+        img, mimg = read_image(ds / f.image), read_image(ds / m.image)
+        w = img.shape[1]
+        assert mimg.shape == img.shape
+        assert np.abs(mimg.astype(int) - img[:, ::-1].astype(int)).mean() < 6  # JPEG noise only
+        np.testing.assert_array_equal(m.keypoints, np.stack([w - 1 - f.keypoints[:, 0], f.keypoints[:, 1]], 1)[perm])
+        assert m.box == (w - f.box[0] - f.box[2], f.box[1], f.box[2], f.box[3])
+        assert photos[m.image] == photos[f.image]
+    with pytest.raises(Exception, match="demo.n_train must be even"):
+        generate_demo(tmp_path / "odd", n_train=7, n_test=2, layout="300w")

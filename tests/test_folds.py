@@ -1,5 +1,7 @@
 """Grouped folds: photos stay whole, folds balanced, deterministic, CLI output."""
 
+import re
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -41,10 +43,99 @@ def test_grouped_balanced_deterministic():
 
 
 def test_every_fold_non_empty_at_the_limit():
-    groups = ["a"] * 10 + ["b", "c"]
+    groups = ["a"] * 4 + ["b"] * 3 + ["c"] * 3 + ["d", "e"]  # largest group == a fold (12 / 3)
     fold = make_folds(groups, 3, 0)
     assert sorted(set(fold.tolist())) == [0, 1, 2]
     _assert_grouped(groups, fold)
+
+
+def test_group_larger_than_a_fold_is_refused():
+    groups = ["a"] * 10 + ["b", "c"]  # 'a' alone is 10 faces, a fold is 4
+    with pytest.raises(PipelineError, match=r"meta.csv: photo group 'a' has 10 faces, more than a fold"):
+        make_folds(groups, 3, 0, source="meta.csv")
+
+
+@pytest.mark.parametrize("image, group", [
+    ("afw/1130084326_2.jpg", "afw/1130084326"),
+    ("afw/1130084326_2_mirror.jpg", "afw/1130084326"),
+    ("helen/trainset/100032540_1.jpg", "helen/trainset/100032540"),
+    ("helen/trainset/100032540_1_mirror.jpg", "helen/trainset/100032540"),
+    ("lfpw/trainset/image_0001.png", "lfpw/trainset/image_0001"),
+    ("lfpw/trainset/image_0854_mirror.jpg", "lfpw/trainset/image_0854"),
+    ("ibug/image_092_01.jpg", "ibug/image_092"),
+    ("ibug/image_092_02_mirror.jpg", "ibug/image_092"),
+    ("images/train/000012_1.jpg", "images/train/000012"),
+    ("a/face.png", "a/face"),
+])
+def test_300w_names_group_by_photo(image, group):
+    assert photo_group(image) == group
+    # lfpw photos stay apart (the old rule merged all of them into 'lfpw/trainset/image')
+    assert photo_group("lfpw/trainset/image_0001.png") != photo_group("lfpw/trainset/image_0002.png")
+
+
+def test_real_layout_folds_keep_photos_and_mirrors_together(tmp_path):
+    """On the full set's layout (subset folders, LFPW/iBUG names, multi-face photos,
+    _mirror copies) no photo and no face/mirror pair is split across folds, the groups
+    are exactly the photos, and the folds are balanced. The old rule (strip _<digits>)
+    fails this: the control at the end shows the test can tell."""
+    import json
+    import re
+
+    from pipeline.config import DEFAULTS
+    from pipeline.dataset import load_xml
+    from pipeline.demo import generate_demo
+    from pipeline.folds import group_faces
+    from pipeline.schema import IBUG68
+
+    ds = generate_demo(tmp_path / "d", n_train=240, n_test=4, seed=2, layout="300w")
+    truth = json.loads((ds / "demo.json").read_text())["photos"]  # image -> photo it shows
+    faces = load_xml(ds / "labels_ibug_300W_train.xml", IBUG68)
+    meta = pd.DataFrame({"image": [f.image for f in faces]})
+    groups = group_faces(meta, DEFAULTS["folds"]["group_regex"])
+    photo = meta["image"].map(truth)
+    assert photo.notna().all()
+    # groups == photos, one to one: nothing split, nothing lumped together
+    assert (pd.DataFrame({"g": groups, "p": photo}).groupby("g")["p"].nunique() == 1).all()
+    assert groups.nunique() == photo.nunique()
+    assert meta["image"].str.contains("_mirror").sum() == 120
+    assert meta["image"].str.startswith("lfpw/trainset/image_").any()
+    for k in (3, 5):
+        fold = make_folds(groups.to_numpy(), k, seed=0)
+        _assert_grouped(photo, fold)
+        sizes = np.bincount(fold, minlength=k)
+        assert sizes.max() - sizes.min() <= 4  # within the biggest photo (2 faces + 2 mirrors)
+    # control: the old rule puts mirrors and LFPW photos in the wrong groups
+    old = meta["image"].map(lambda im: re.sub(r"_\d+$", "", im.rsplit(".", 1)[0]))
+    fold = make_folds(old.to_numpy(), 2, seed=0) if old.value_counts().max() <= len(old) / 2 else None
+    split = fold is None or (pd.DataFrame({"p": photo, "f": fold}).groupby("p")["f"].nunique() > 1).any()
+    assert split
+
+
+def test_cli_logs_groups_and_uses_group_regex(demo_dir, tmp_path, caplog):
+    """`pipeline folds` groups by folds.group_regex (not by the cache's group column) and
+    logs the number of groups and the largest; a rule lumping everything is refused."""
+    import logging
+
+    from pipeline.config import load_config
+    from pipeline.crop import run_crop
+
+    run_crop(load_config(None, [f"data.dir={demo_dir}", "crop.side=16", "crop.n_jobs=1"]), tmp_path / "c")
+    out = tmp_path / "f" / "folds.csv"
+    with caplog.at_level(logging.INFO):
+        main(["folds", "--cache", str(tmp_path / "c"), "--out", str(out), "--set", "folds.k=2",
+              "--set", "folds.train=[0]", "--set", "folds.group_regex=^images/(?P<photo>train)/.*[02468]_1$"])
+    df = pd.read_csv(out, dtype={"face_id": str, "group": str})
+    # even photo numbers: one group 'train'; the others do not match and are their own group
+    even = df["face_id"].str.match(r".*[02468]_1(#\d+)?$")
+    assert (df.loc[even, "group"] == "train").all() and df.loc[~even, "group"].str.startswith("images/").all()
+    assert even.sum() <= len(df) / 2
+    _assert_grouped(df["group"], df["fold"])
+    assert re.search(rf"48 faces in {df['group'].nunique()} photo groups .*largest: train with {even.sum()} faces",
+                     caplog.text)
+    bad = tmp_path / "g" / "folds.csv"
+    with pytest.raises(SystemExit) as e:
+        main(["folds", "--cache", str(tmp_path / "c"), "--out", str(bad), "--set", "folds.group_regex=(?P<photo>images)"])
+    assert e.value.code == 2 and not bad.parent.exists()
 
 
 @pytest.mark.parametrize("k", [0, 1, 4])
@@ -68,7 +159,7 @@ def test_cli(demo_dir, tmp_path, capsys):
     from pipeline.config import load_config
     from pipeline.crop import run_crop
 
-    run_crop(load_config(None, [f"data.dir={demo_dir}", "crop.size=16", "crop.n_jobs=1"]), tmp_path / "c")
+    run_crop(load_config(None, [f"data.dir={demo_dir}", "crop.side=16", "crop.n_jobs=1"]), tmp_path / "c")
     out = tmp_path / "f" / "folds.csv"
     main(["folds", "--cache", str(tmp_path / "c"), "--out", str(out), "--set", "folds.k=3",
           "--set", "folds.train=[0,2]"])
