@@ -69,6 +69,7 @@ def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState,
     from tqdm import tqdm
 
     from pipeline.device import autocast
+    from pipeline.faults import maybe_kill
 
     model.train()
     total, seen, t0 = 0.0, 0, time.perf_counter()
@@ -97,6 +98,7 @@ def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState,
         else:
             optimizer.step()
         state.step += 1
+        maybe_kill(state.step)  # tests only: PIPELINE_KILL_AT_STEP (pipeline/faults.py)
         b = images.shape[0]
         total += loss.item() * b
         seen += b
