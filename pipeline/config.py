@@ -118,7 +118,7 @@ RANGES: dict[str, tuple[Any, str]] = {
     "model.input_size": ((lambda v: 8 <= v <= 4096), "an integer in [8, 4096]"),
     "model.in_chans": ((lambda v: v in (1, 3)), "1 or 3"),
     "train.epochs": _int_at_least(1), "train.batch_size": _int_at_least(1),
-    "train.lr": _number_in(0, 1e3, lo_open=True), "train.momentum": _number_in(0, 1, hi_open=True),
+    "train.lr": ((lambda v: v > 0), "a number > 0"), "train.momentum": _number_in(0, 1, hi_open=True),
     "train.weight_decay": _number_in(0, 1e3), "train.warmup_epochs": _number_in(0, 1e6),
     "train.structure_lambda": _number_in(0, 1e6), "train.scale_min": _number_in(0, 100, lo_open=True),
     "train.scale_max": _number_in(0, 100, lo_open=True), "train.flip": _number_in(0, 1),
@@ -254,9 +254,19 @@ def parse_override(text: str) -> dict:
     return node
 
 
+_SOURCE = ["params.yaml"]  # the params file of the last load_config (one per CLI process)
+
+
+def params_source() -> str:
+    """The params file the current config came from, for errors about a param value that
+    are found after loading (so `--params other.yaml` is blamed, not params.yaml)."""
+    return _SOURCE[0]
+
+
 def load_config(params: str | os.PathLike | None = "params.yaml",
                 overrides: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
     """Defaults, then `params` (a missing default params.yaml means defaults), then overrides."""
+    _SOURCE[0] = "params.yaml" if params is None else str(params)
     cfg = copy.deepcopy(DEFAULTS)
     if params is not None:
         path = Path(params)

@@ -28,6 +28,7 @@ import numpy as np
 
 from pipeline.cli import config_options
 from pipeline.dataset import Face, load_xml, read_image, safe_image_path
+from pipeline.config import params_source
 from pipeline.errors import PipelineError
 from pipeline.io import write_json, write_npy, write_text
 from pipeline.schema import KeypointSchema, get_schema, schema_from_dict
@@ -48,7 +49,9 @@ def staging_dir(dest: str | os.PathLike, marker: str,
     """Yield an empty temp folder beside `dest`; when the block succeeds it replaces `dest`
     as a whole (rename), else it is removed. An existing `dest` is only replaced when it is
     empty, holds `marker` or passes `is_ours` (i.e. it is an earlier output of the same
-    stage), so a mistyped path never deletes someone's folder."""
+    stage), so a mistyped path never deletes someone's folder. Temp folders that a killed
+    run (kill -9) left beside `dest` are removed first; a failed write (a full disk) is a
+    PipelineError naming `dest`, and `dest` is left as it was."""
     dest = Path(dest)
     if dest.exists():
         if not dest.is_dir():
@@ -57,6 +60,9 @@ def staging_dir(dest: str | os.PathLike, marker: str,
             raise PipelineError(dest, f"exists and is not an output of this stage (no {marker}); "
                                       "refusing to replace it")
     dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in [*dest.parent.glob(f".{dest.name}.tmp-*"), *dest.parent.glob(f".{dest.name}.old-*")]:
+        log.info("removing %s left by an interrupted run", stale)
+        shutil.rmtree(stale, ignore_errors=True)
     tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
     try:
         yield tmp
@@ -64,6 +70,9 @@ def staging_dir(dest: str | os.PathLike, marker: str,
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the output is not
         publish_dir(tmp, dest)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PipelineError(dest, f"writing failed ({e.strerror or type(e).__name__}); left as it was") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -133,13 +142,34 @@ def crop_one(image: np.ndarray, a: np.ndarray, size: int) -> np.ndarray:
                           borderMode=cv2.BORDER_CONSTANT, borderValue=(0, 0, 0))
 
 
-def _crop_image(path: str, boxes: list, expand: float, size: int):
+MAX_BOX_SCALE = 3.0  # a face box may be at most this many times the image's larger side
+
+
+def check_box(box, width: int, height: int) -> str | None:
+    """Why a face box cannot be cropped from a width x height image (None if it can): it
+    must overlap the image and be at most MAX_BOX_SCALE x the image's larger side (a box
+    far outside the image would cache an all-black face; a huge one stalls the crop)."""
+    left, top, w, h = (float(v) for v in box)
+    if max(w, h) > MAX_BOX_SCALE * max(width, height):
+        return (f"box {w:g}x{h:g} is more than {MAX_BOX_SCALE:g}x the image ({width}x{height} px): "
+                "not a face of this image")
+    if left >= width or top >= height or left + w <= 0 or top + h <= 0:
+        return f"box (left {left:g}, top {top:g}, {w:g}x{h:g}) lies outside the image ({width}x{height} px)"
+    return None
+
+
+def _crop_image(path: str, boxes: list, expand: float, size: int, rel: str = ""):
     """Worker: one photo's crops. PipelineError does not survive joblib's pickling, so it
-    comes back as a value and is raised again in the parent."""
+    comes back as a value and is raised again in the parent (path None: the annotation
+    file is at fault, not the image)."""
     try:
         image = read_image(path)
     except PipelineError as e:
         return ("error", e.path, e.problem, e.where)
+    for j, box in enumerate(boxes):
+        bad = check_box(box, image.shape[1], image.shape[0])
+        if bad:
+            return ("error", None, bad, f"image {rel or path} box {j}")
     out = []
     for box in boxes:
         a = crop_transform(box, expand, size)
@@ -156,15 +186,15 @@ def crop_faces(faces: list[Face], root: str | os.PathLike, size: int, expand: fl
     from tqdm import tqdm
 
     if size < 1 or expand <= 0:
-        raise PipelineError("params.yaml", f"crop.side must be >= 1 and crop.expand > 0, got {size}, {expand}")
+        raise PipelineError(params_source(), f"crop.side must be >= 1 and crop.expand > 0, got {size}, {expand}")
     root = Path(root)
     by_image: dict[str, list[int]] = {}
     for i, f in enumerate(faces):
         by_image.setdefault(f.image, []).append(i)
     jobs = list(by_image.items())
     paths = [str(safe_image_path(root, rel, source or root)) for rel, _ in jobs]
-    tasks = (delayed(_crop_image)(p, [faces[i].box for i in idx], expand, size)
-             for p, (_, idx) in zip(paths, jobs))
+    tasks = (delayed(_crop_image)(p, [faces[i].box for i in idx], expand, size, rel)
+             for p, (rel, idx) in zip(paths, jobs))
     n_jobs = max(1, min(int(n_jobs), len(jobs))) if n_jobs > 0 else n_jobs
     results = Parallel(n_jobs=n_jobs, batch_size=8, return_as="generator")(tasks)
     arr = np.zeros((len(faces), size, size, 3), dtype=np.uint8)
@@ -180,6 +210,8 @@ def crop_faces(faces: list[Face], root: str | os.PathLike, size: int, expand: fl
                 warnings.simplefilter("ignore")
                 bar.close()
                 results.close()
+            if path is None:  # a bad box: the annotation file is at fault
+                raise PipelineError(source or root, problem, where)
             raise PipelineError(path, problem, where or (f"listed in {source}" if source else None))
         _, crops, w, h = res
         for i, (crop, m) in zip(idx, crops):
@@ -255,33 +287,52 @@ def load_cache(path: str | os.PathLike) -> Cache:
     return Cache(path, faces, kp, kp_orig, a, meta, info, schema)
 
 
-def _write_split(out: Path, faces: list[Face], arr: np.ndarray, a: np.ndarray, wh: np.ndarray,
-                 schema: KeypointSchema, xml: Path, size: int, expand: float, cfg: dict) -> None:
-    """One split into a temp folder, then renamed onto `out`."""
+def _write_split(tmp: Path, faces: list[Face], arr: np.ndarray, a: np.ndarray, wh: np.ndarray,
+                 schema: KeypointSchema, xml: Path, size: int, expand: float, cfg: dict, run: str) -> None:
+    """One split into the (new, empty) folder `tmp`; `run` ties it to the other split."""
     import pandas as pd
 
     from pipeline.config import write_resolved
 
-    with staging_dir(out, CACHE_MARKER) as tmp:
-        write_npy(tmp / "faces.npy", arr)
-        write_npy(tmp / "crop_to_orig.npy", a)
-        has_kp = faces[0].keypoints is not None
-        if has_kp:
-            orig = np.stack([f.keypoints for f in faces]).astype(np.float64)
-            write_npy(tmp / "keypoints_orig.npy", orig)
-            write_npy(tmp / "keypoints.npy", to_crop(orig, a).astype(np.float32))
-        meta = pd.DataFrame({
-            "index": np.arange(len(faces)), "face_id": [f.face_id for f in faces],
-            "group": [f.group for f in faces], "image": [f.image for f in faces],
-            "box_left": [f.box[0] for f in faces], "box_top": [f.box[1] for f in faces],
-            "box_width": [f.box[2] for f in faces], "box_height": [f.box[3] for f in faces],
-            "image_width": wh[:, 0], "image_height": wh[:, 1],
-        }, columns=META_COLUMNS)
-        write_text(tmp / "meta.csv", meta.to_csv(index=False))
-        write_resolved(cfg, tmp, ["data", "crop"])
-        # info.json last: it marks a complete split
-        write_json(tmp / "info.json", {"size": size, "expand": expand, "n": len(faces), "has_keypoints": has_kp,
-                                       "schema": schema.to_dict(), "xml": str(xml)})
+    tmp.mkdir()
+    write_npy(tmp / "faces.npy", arr)
+    write_npy(tmp / "crop_to_orig.npy", a)
+    has_kp = faces[0].keypoints is not None
+    if has_kp:
+        orig = np.stack([f.keypoints for f in faces]).astype(np.float64)
+        write_npy(tmp / "keypoints_orig.npy", orig)
+        write_npy(tmp / "keypoints.npy", to_crop(orig, a).astype(np.float32))
+    meta = pd.DataFrame({
+        "index": np.arange(len(faces)), "face_id": [f.face_id for f in faces],
+        "group": [f.group for f in faces], "image": [f.image for f in faces],
+        "box_left": [f.box[0] for f in faces], "box_top": [f.box[1] for f in faces],
+        "box_width": [f.box[2] for f in faces], "box_height": [f.box[3] for f in faces],
+        "image_width": wh[:, 0], "image_height": wh[:, 1],
+    }, columns=META_COLUMNS)
+    write_text(tmp / "meta.csv", meta.to_csv(index=False))
+    write_resolved(cfg, tmp, ["data", "crop"])
+    # info.json last: it marks a complete split
+    write_json(tmp / "info.json", {"size": size, "expand": expand, "n": len(faces), "has_keypoints": has_kp,
+                                   "schema": schema.to_dict(), "xml": str(xml), "run": run})
+
+
+def _is_cache_root(folder: Path) -> bool:
+    """An earlier `pipeline crop` output: only train/ and test/ caches and the params file."""
+    for p in folder.iterdir():
+        if p.name in ("train", "test"):
+            if p.is_dir() and any(p.iterdir()) and not (p / CACHE_MARKER).exists():
+                return False
+        elif p.name != "params.resolved.yaml":
+            return False
+    return True
+
+
+def check_same_run(train: Cache, test: Cache) -> None:
+    """Train and test caches must come from one `pipeline crop` run (same geometry too)."""
+    if train.info.get("run") != test.info.get("run") or train.info.get("size") != test.info.get("size") \
+            or train.info.get("expand") != test.info.get("expand"):
+        raise PipelineError(train.path.parent, "train/ and test/ caches come from different `pipeline crop` runs "
+                                               "(rerun `pipeline crop`)")
 
 
 def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, int]:
@@ -290,10 +341,10 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, 
 
     dcfg, ccfg = cfg["data"], cfg["crop"]
     if ccfg["side"] < 8 or ccfg["expand"] <= 0:
-        raise PipelineError("params.yaml", f"crop.side must be >= 8 and crop.expand > 0, got "
-                                           f"{ccfg['size']} and {ccfg['expand']}")
+        raise PipelineError(params_source(), f"crop.side must be >= 8 and crop.expand > 0, got "
+                                           f"{ccfg['side']} and {ccfg['expand']}")
     if ccfg["n_jobs"] == 0:
-        raise PipelineError("params.yaml", "crop.n_jobs must be >= 1 (or negative: all cores but n+1)")
+        raise PipelineError(params_source(), "crop.n_jobs must be >= 1 (or negative: all cores but n+1)")
     root = Path(dcfg["dir"] or DEMO_DIR)
     if not root.is_dir():
         hint = " (run `pipeline demo-data data/demo`, or set data.dir)" if dcfg["dir"] is None else ""
@@ -316,9 +367,18 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, 
     for name, dt in timing.items():  # logged once everything is known to be good
         log.info("crop %s: %d faces in %.2f s (%.0f faces/s, %d jobs)", name, len(faces[name]), dt,
                  len(faces[name]) / max(dt, 1e-9), ccfg["n_jobs"])
-    for name, (xml, _) in splits.items():
-        _write_split(out / name, faces[name], *crops[name], schema, xml, ccfg["side"], ccfg["expand"], cfg)
-    write_resolved(cfg, out, ["data", "crop"])
+    # both splits (and the params) go to one temp folder that replaces `out` as a whole: a
+    # crash or a full disk never leaves a train cache and a test cache of different runs
+    import uuid
+
+    from pipeline.faults import kill_point
+
+    run = uuid.uuid4().hex
+    with staging_dir(out, CACHE_MARKER, is_ours=_is_cache_root) as tmp:
+        for name, (xml, _) in splits.items():
+            _write_split(tmp / name, faces[name], *crops[name], schema, xml, ccfg["side"], ccfg["expand"], cfg, run)
+            kill_point(f"crop:{name}")  # tests only (pipeline/faults.py)
+        write_resolved(cfg, tmp, ["data", "crop"])
     return {name: len(f) for name, f in faces.items()}
 
 

@@ -216,6 +216,35 @@ def load_pts_dir(folder: str | os.PathLike, schema: KeypointSchema) -> list[Face
     return faces
 
 
+MAX_IMAGE_PIXELS = 100_000_000  # 10000 x 10000: no photo of a face is larger
+
+
+def declared_size(data: np.ndarray) -> tuple[int, int] | None:
+    """(width, height) a PNG or JPEG header declares, read without decoding; None for
+    other formats or a header too short to tell."""
+    import struct
+
+    b = bytes(data[:65536])
+    if b[:8] == b"\x89PNG\r\n\x1a\n" and b[12:16] == b"IHDR" and len(b) >= 24:
+        return struct.unpack(">II", b[16:24])
+    if b[:2] != b"\xff\xd8":
+        return None
+    i = 2
+    while i + 9 <= len(b) and b[i] == 0xFF:
+        marker = b[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0x01, 0xD8) or 0xD0 <= marker <= 0xD7:  # markers without a length
+            i += 2
+            continue
+        if 0xC0 <= marker <= 0xCF and marker not in (0xC4, 0xC8, 0xCC):  # start of frame
+            h, w = struct.unpack(">HH", b[i + 5:i + 9])
+            return w, h
+        i += 2 + struct.unpack(">H", b[i + 2:i + 4])[0]
+    return None
+
+
 def read_image(path: str | os.PathLike) -> np.ndarray:
     """(H, W, 3) uint8 RGB. Grayscale is replicated, alpha dropped, 16-bit scaled to 8-bit;
     EXIF orientation is ignored, as the competition's coordinates are in stored pixels."""
@@ -227,7 +256,14 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     if path.stat().st_size == 0:
         raise PipelineError(path, "image file is empty (0 bytes)")
     data = np.fromfile(path, dtype=np.uint8)
-    img = cv2.imdecode(data, cv2.IMREAD_UNCHANGED | cv2.IMREAD_IGNORE_ORIENTATION)
+    wh = declared_size(data)
+    if wh is not None and (wh[0] < 1 or wh[1] < 1 or wh[0] * wh[1] > MAX_IMAGE_PIXELS):
+        raise PipelineError(path, f"image header declares an impossible size {wh[0]}x{wh[1]} px "
+                                  f"(at most {MAX_IMAGE_PIXELS:.0e} pixels, in a {len(data)}-byte file)")
+    try:
+        img = cv2.imdecode(data, cv2.IMREAD_UNCHANGED | cv2.IMREAD_IGNORE_ORIENTATION)
+    except cv2.error as e:  # e.g. OpenCV's own pixel limit
+        raise PipelineError(path, f"cannot decode image ({str(e).strip().splitlines()[-1][:120]})") from None
     if img is None or img.size == 0:
         raise PipelineError(path, "cannot decode image (corrupt or unsupported format)")
     if img.dtype == np.uint16:

@@ -12,6 +12,7 @@ import click
 import numpy as np
 
 from pipeline.cli import config_options
+from pipeline.config import params_source
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -28,9 +29,9 @@ def make_folds(groups, k: int, seed: int, source: str = "folds") -> np.ndarray:
         raise PipelineError("folds", "no faces to split")
     uniq, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2:
-        raise PipelineError("params.yaml", f"folds.k must be an integer >= 2, got {k!r}")
+        raise PipelineError(params_source(), f"folds.k must be an integer >= 2, got {k!r}")
     if k > len(uniq):
-        raise PipelineError("params.yaml", f"folds.k = {k} but there are only {len(uniq)} photo groups "
+        raise PipelineError(params_source(), f"folds.k = {k} but there are only {len(uniq)} photo groups "
                                            f"({len(groups)} faces)")
     big = int(np.argmax(counts))
     if counts[big] > len(groups) / k:
@@ -78,6 +79,37 @@ def group_faces(meta, rule: str, meta_path: str | Path = "meta.csv"):
     return meta["image"].map(lambda im: photo_group(im, rx)).rename("group")
 
 
+def read_folds(folds_path: str | Path, meta, cache_path: str | Path = "the cache") -> np.ndarray:
+    """Fold per face (int64, cache order) from folds.csv, which must list exactly the
+    cache's faces in the cache's order (rows shuffled, missing or from another crop are
+    refused: train and predict would split the wrong faces)."""
+    import pandas as pd
+
+    folds_path = Path(folds_path)
+    if not folds_path.exists():
+        raise PipelineError(folds_path, "not found (run `pipeline folds` first)")
+    try:
+        df = pd.read_csv(folds_path, dtype={"face_id": str}, keep_default_na=False)
+    except Exception as e:
+        raise PipelineError(folds_path, f"unreadable CSV ({type(e).__name__})") from None
+    missing = [c for c in ("face_id", "fold") if c not in df.columns]
+    if missing:
+        raise PipelineError(folds_path, f"missing column(s) {missing}")
+    if len(df) != len(meta):
+        raise PipelineError(folds_path, f"has {len(df)} rows but {cache_path} has {len(meta)} faces; "
+                                        "rerun `pipeline folds`")
+    ids, want = df["face_id"].to_numpy(), meta["face_id"].astype(str).to_numpy()
+    bad = np.flatnonzero(ids != want)
+    if len(bad):
+        i = int(bad[0])
+        raise PipelineError(folds_path, f"rows do not match the faces of {cache_path} (row {i}: '{ids[i]}', cache: "
+                                        f"'{want[i]}'); rerun `pipeline folds`")
+    fold = pd.to_numeric(df["fold"], errors="coerce").to_numpy()
+    if np.isnan(fold).any() or (fold < 0).any() or (fold != np.round(fold)).any():
+        raise PipelineError(folds_path, "column 'fold' must hold integers >= 0")
+    return fold.astype(np.int64)
+
+
 @click.command("folds")
 @click.option("--cache", default="data/cache", show_default=True, help="face cache (reads train/meta.csv)")
 @click.option("--out", "out_path", default="folds/folds.csv", show_default=True)
@@ -94,7 +126,7 @@ def folds_cmd(cache, out_path, cfg):
     fcfg = cfg["folds"]
     bad = [f for f in fcfg["train"] if not (isinstance(f, int) and 0 <= f < fcfg["k"])]
     if bad:
-        raise PipelineError("params.yaml", f"folds.train has {bad}, folds are 0..{fcfg['k'] - 1}")
+        raise PipelineError(params_source(), f"folds.train has {bad}, folds are 0..{fcfg['k'] - 1}")
     groups = group_faces(meta, fcfg["group_regex"], meta_path)
     sizes = groups.value_counts()
     log.info("%d faces in %d photo groups (folds.group_regex); largest: %s with %d faces", len(groups),

@@ -14,6 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from pipeline.cli import config_options
+from pipeline.config import params_source
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -73,7 +74,7 @@ def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndar
     from pipeline.device import amp_dtype
 
     if tta not in ("none", "flip"):
-        raise PipelineError("params.yaml", f"predict.tta must be none|flip, got '{tta}'")
+        raise PipelineError(params_source(), f"predict.tta must be none|flip, got '{tta}'")
     cfg = ckpt["model_config"]
     crops = predict_crops(model, faces, input_size=cfg["input_size"], in_chans=cfg["in_chans"],
                           flip_perm=ckpt["schema"]["flip"] if tta == "flip" else None,
@@ -82,6 +83,19 @@ def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndar
     out = {k: to_original(v, crop_to_orig) for k, v in crops.items()}
     out["final"] = out["tta"] if tta == "flip" else out["plain"]
     return out
+
+
+def check_crop_geometry(path, ckpt: dict, cache) -> None:
+    """A checkpoint predicts only faces cropped as in its training (crop side, expand)."""
+    geo = ckpt.get("crop")
+    if not isinstance(geo, dict):
+        return  # made before checkpoints recorded it
+    have = (int(cache.info["size"]), float(cache.info["expand"]))
+    want = (int(geo.get("size", -1)), float(geo.get("expand", -1)))
+    if want != have:
+        raise PipelineError(path, f"trained on {want[0]} px crops with expand {want[1]:g}, but the cache "
+                                  f"{cache.path} holds {have[0]} px crops with expand {have[1]:g} "
+                                  "(rerun `pipeline crop` with the training's crop params, or retrain)")
 
 
 def fold_checkpoints(models_dir: str | os.PathLike, k: int, name: str) -> dict[int, Path]:
@@ -102,8 +116,11 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     pcfg = cfg["predict"]
     device = resolve_device(pcfg["device"])
     train, test = load_cache(Path(cache_dir) / "train"), load_cache(Path(cache_dir) / "test")
-    folds = pd.read_csv(folds_path)
-    fold_of = folds["fold"].to_numpy()
+    from pipeline.crop import check_same_run
+    from pipeline.folds import read_folds
+
+    check_same_run(train, test)
+    fold_of = read_folds(folds_path, train.meta, Path(cache_dir) / "train")  # rows must be the cache's faces
     ckpts = fold_checkpoints(models_dir, int(fold_of.max()) + 1, pcfg["checkpoint"])
     if not ckpts:
         raise PipelineError(models_dir, f"no fold checkpoints named {pcfg['checkpoint']} found")
@@ -112,6 +129,7 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     per_fold = []
     for fold, path in sorted(ckpts.items()):
         model, ckpt = load_model(path, device, schema=test.schema)
+        check_crop_geometry(path, ckpt, test)
         log.info("fold %d: %s (epoch %d)", fold, path, ckpt["epoch"])
         test_pred = predict_original(model, ckpt, test.faces, test.crop_to_orig, pcfg["tta"],
                                      pcfg["batch_size"], device, progress=True)

@@ -8,6 +8,7 @@ from typing import Any
 
 import numpy as np
 
+from pipeline.config import params_source
 from pipeline.errors import PipelineError
 
 
@@ -125,9 +126,9 @@ def get_schema(data_cfg: dict[str, Any]) -> KeypointSchema:
         return NOSE1
     if name == "custom":
         if not data_cfg.get("custom_schema"):
-            raise PipelineError("params.yaml", "data.schema is 'custom' but data.custom_schema is empty")
+            raise PipelineError(params_source(), "data.schema is 'custom' but data.custom_schema is empty")
         return custom_schema(data_cfg["custom_schema"])
-    raise PipelineError("params.yaml", f"data.schema: unknown schema '{name}' (ibug68, nose1, custom)")
+    raise PipelineError(params_source(), f"data.schema: unknown schema '{name}' (ibug68, nose1, custom)")
 
 
 def schema_from_dict(d: dict[str, Any]) -> KeypointSchema:

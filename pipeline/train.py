@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from pipeline.cli import config_options
+from pipeline.config import params_source
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -47,7 +48,7 @@ def build_optimizer(model: torch.nn.Module, tcfg: dict[str, Any]) -> torch.optim
         return torch.optim.SGD(groups, lr=tcfg["lr"], momentum=tcfg["momentum"])
     if tcfg["optimizer"] == "adamw":
         return torch.optim.AdamW(groups, lr=tcfg["lr"], betas=(tcfg["momentum"], 0.999))
-    raise PipelineError("params.yaml", f"train.optimizer must be sgd|adamw, got '{tcfg['optimizer']}'")
+    raise PipelineError(params_source(), f"train.optimizer must be sgd|adamw, got '{tcfg['optimizer']}'")
 
 
 @dataclass
@@ -176,14 +177,12 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     cache = load_cache(Path(cache_dir) / "train")
     if cache.keypoints is None:
         raise PipelineError(Path(cache_dir) / "train", "training cache has no keypoints")
-    folds = pd.read_csv(folds_path)
-    if len(folds) != len(cache):
-        raise PipelineError(folds_path, f"has {len(folds)} rows but the cache has {len(cache)} faces; "
-                                        "rerun `pipeline folds`")
-    k = int(folds["fold"].max()) + 1
+    from pipeline.folds import read_folds
+
+    fold_of = read_folds(folds_path, cache.meta, Path(cache_dir) / "train")  # rows must be the cache's faces
+    k = int(fold_of.max()) + 1
     if not 0 <= fold < k:
         raise PipelineError(folds_path, f"fold {fold} out of range: folds are 0..{k - 1}")
-    fold_of = folds["fold"].to_numpy()
     train_idx, val_idx = np.flatnonzero(fold_of != fold), np.flatnonzero(fold_of == fold)
     schema = cache.schema
 
@@ -192,7 +191,7 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     if not is_main:  # and only rank 0 logs progress: the other ranks report warnings only
         log.setLevel(logging.WARNING)
     if tcfg["batch_size"] % world:
-        raise PipelineError("params.yaml", f"train.batch_size {tcfg['batch_size']} is not divisible by "
+        raise PipelineError(params_source(), f"train.batch_size {tcfg['batch_size']} is not divisible by "
                                            f"the {world} DDP processes")
     # train.batch_size is the global batch: each rank takes its share, so the lr and the
     # schedule do not change with the number of processes

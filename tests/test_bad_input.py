@@ -211,17 +211,17 @@ def _params_case(demo_dir, tmp, text: str, problem: str) -> Case:
 
 
 def params_unknown_key(demo_dir, tmp):
-    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop:\n  size: 32\n  n_job: 1\n",
+    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop:\n  side: 32\n  n_job: 1\n",
                         r"unknown key 'crop.n_job'")
 
 
 def params_wrong_type(demo_dir, tmp):
-    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop:\n  size: big\n",
+    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop:\n  side: big\n",
                         r"'crop.side' must be int, got 'big'")
 
 
 def params_invalid_yaml(demo_dir, tmp):
-    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop: [size: 32\n", r"invalid YAML")
+    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop: [side: 32\n", r"invalid YAML")
 
 
 def set_wrong_type(demo_dir, tmp):

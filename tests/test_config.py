@@ -73,7 +73,7 @@ def test_write_resolved_only_named_sections(tmp_path):
     ("crop:\n  side: 100000\n", "'crop.side' must be an integer in [8, 4096]"),
     ("train:\n  batch_size: 0\n", "'train.batch_size' must be an integer >= 1, got 0"),
     ("train:\n  lr: .nan\n", "'train.lr' must be a finite number"),
-    ("train:\n  lr: -0.1\n", "'train.lr' must be a number in (0, 1000]"),
+    ("train:\n  lr: -0.1\n", "'train.lr' must be a number > 0"),
     ("train:\n  epochs: -3\n", "'train.epochs' must be an integer >= 1, got -3"),
     ("train:\n  seed: -1\n", "'train.seed' must be an integer >= 0, got -1"),
     ("train:\n  flip: 1.5\n", "'train.flip' must be a number in [0, 1]"),
