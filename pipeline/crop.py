@@ -150,11 +150,15 @@ def check_box(box, width: int, height: int) -> str | None:
     must overlap the image and be at most MAX_BOX_SCALE x the image's larger side (a box
     far outside the image would cache an all-black face; a huge one stalls the crop)."""
     left, top, w, h = (float(v) for v in box)
+
+    def n(v: float) -> str:
+        return str(int(v)) if v == int(v) else f"{v:.6g}"
+
     if max(w, h) > MAX_BOX_SCALE * max(width, height):
-        return (f"box {w:g}x{h:g} is more than {MAX_BOX_SCALE:g}x the image ({width}x{height} px): "
+        return (f"box {n(w)}x{n(h)} is more than {MAX_BOX_SCALE:g}x the image ({width}x{height} px): "
                 "not a face of this image")
     if left >= width or top >= height or left + w <= 0 or top + h <= 0:
-        return f"box (left {left:g}, top {top:g}, {w:g}x{h:g}) lies outside the image ({width}x{height} px)"
+        return f"box (left {n(left)}, top {n(top)}, {n(w)}x{n(h)}) lies outside the image ({width}x{height} px)"
     return None
 
 

@@ -86,15 +86,23 @@ def _parse_eyes(text: str | None) -> tuple[int, int] | None:
 
 
 def score_files(submission: str | os.PathLike, solution: str | os.PathLike, k: int | None = None,
-                eyes: tuple[int, int] | None = (36, 45)) -> dict[str, Any]:
+                eyes: tuple[int, int] | None = (36, 45), n_rows: int | None = None) -> dict[str, Any]:
     """Score a submission CSV against a solution CSV: {mae, nme, rows, faces, k}.
 
     `k` None means 68 if the row count allows it (else NME is not computed); an
-    explicit k that does not divide the rows is an error."""
+    explicit k that does not divide the rows is an error. `n_rows` (known from the test
+    cache) is what both files must hold; without it, when the two disagree, the one whose
+    rows are not whole faces is blamed (the submission when both are)."""
     from pipeline.submit import read_solution, read_submission
 
-    truth = read_solution(solution)
-    pred = read_submission(submission, n_rows=len(truth))
+    truth = read_solution(solution, n_rows=n_rows)
+    pred = read_submission(submission)
+    if len(pred) != len(truth):
+        per_face = 2 * (68 if k is None else max(1, int(k)))
+        if len(truth) % per_face and not len(pred) % per_face:
+            raise PipelineError(solution, f"{len(truth)} rows, not whole faces of {per_face // 2} keypoints "
+                                          f"(the submission {submission} has {len(pred)})")
+        pred = read_submission(submission, n_rows=len(truth))
     result: dict[str, Any] = {"mae": mae(pred, truth), "nme": None, "rows": int(len(truth)),
                               "faces": None, "k": None}
     kk = 68 if k is None else int(k)
@@ -254,7 +262,10 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
             raise PipelineError(sub, "submission not found (run `pipeline submit` first)")
         log.info("no submission at %s: test set not scored", sub)
     else:
-        s = score_files(sub, sol, schema.k, eyes)
+        from pipeline.submit import cache_face_count
+
+        n_test = cache_face_count(cache / "test")  # the solution must cover the test faces
+        s = score_files(sub, sol, schema.k, eyes, None if n_test is None else n_test * schema.k * 2)
         test = {"mae": s["mae"], "nme": s["nme"], "n": s["faces"], "solution": str(sol), "submission": str(sub)}
 
     ov = oof["overall"]

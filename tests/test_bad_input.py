@@ -431,6 +431,178 @@ def submit_xml_malicious_checkpoint(demo_dir, tmp):
                 [str(ckpt)], r"not a loadable checkpoint", out.parent)
 
 
+# issue 12: hostile inputs, one builder per class (boxes, numeric params, duplicated keys,
+# errors naming the file read, stage inputs that do not belong together, lying images) ---
+
+
+def _edit_first_box(demo_dir, tmp, attr: str, value: str) -> tuple[Path, Path]:
+    ds = _copy_demo(demo_dir, tmp)
+    xml = ds / TRAIN_XML
+    _sub_first(xml, rf"{attr}='-?\d+'", f"{attr}='{value}'")
+    return ds, xml
+
+
+def box_far_outside_image(demo_dir, tmp):
+    """Would have cached an all-black face with exit 0."""
+    ds, xml = _edit_first_box(demo_dir, tmp, "left", "100000")
+    return _crop_case(ds, tmp, xml, r"box 0: box \(left 100000, .*\) lies outside the image", _first_image(xml))
+
+
+def box_absurdly_large(demo_dir, tmp):
+    """A box one million pixels wide stalled the crop."""
+    ds, xml = _edit_first_box(demo_dir, tmp, "width", "1000000")
+    return _crop_case(ds, tmp, xml, r"box 1000000x\d+ is more than 3x the image", _first_image(xml))
+
+
+def _png_header(width: int, height: int) -> bytes:
+    import struct
+    import zlib
+
+    def chunk(tag: bytes, data: bytes) -> bytes:
+        return struct.pack(">I", len(data)) + tag + data + struct.pack(">I", zlib.crc32(tag + data) & 0xFFFFFFFF)
+
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0))
+            + chunk(b"IDAT", zlib.compress(b"\0" * 16)) + chunk(b"IEND", b""))
+
+
+def image_declares_huge_size(demo_dir, tmp):
+    """A few dozen bytes declaring 100000 x 100000 px."""
+    ds = _copy_demo(demo_dir, tmp)
+    rel = _first_image(ds / TRAIN_XML)
+    (ds / rel).write_bytes(_png_header(100000, 100000))
+    return _crop_case(ds, tmp, ds / rel, r"declares an impossible size 100000x100000 px")
+
+
+def image_declares_zero_width(demo_dir, tmp):
+    ds = _copy_demo(demo_dir, tmp)
+    rel = _first_image(ds / TRAIN_XML)
+    (ds / rel).write_bytes(_png_header(0, 300))
+    return _crop_case(ds, tmp, ds / rel, r"declares an impossible size 0x300 px")
+
+
+def params_nan_expand(demo_dir, tmp):
+    """Exited 0 with NaN keypoints."""
+    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop:\n  expand: .nan\n",
+                        r"'crop.expand' must be a finite number, got nan")
+
+
+def params_zero_expand(demo_dir, tmp):
+    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop:\n  expand: 0\n",
+                        r"'crop.expand' must be a number in \(0, 10\], got 0")
+
+
+def params_duplicated_key(demo_dir, tmp):
+    """YAML keeps the last of two equal keys silently."""
+    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\ncrop:\n  side: 32\n  side: 48\n",
+                        r"duplicated key 'side' \(also on line 4\)")
+
+
+def params_problem_found_late_names_that_file(demo_dir, tmp):
+    """A value found bad after loading (an unknown schema) names --params other.yaml."""
+    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\n  schema: nosuch\n", r"data.schema: unknown schema 'nosuch'")
+
+
+def _train_case(tmp, ws, folds: Path, *sets: str) -> Case:
+    out = tmp / "models"
+    argv = ["train", "--fold", "0", "--cache", str(ws / "cache"), "--folds", str(folds), "--out", str(out),
+            "--live", str(tmp / "live"), "--set", "model.input_size=32", "--set", "folds.k=2",
+            "--set", "folds.train=[0,1]", "--set", "train.device=cpu"]
+    for s in sets:
+        argv += ["--set", s]
+    return Case(argv, [], "", out)
+
+
+def set_nonpositive_train_numbers(tmp, tiny_workspace):
+    """batch size 0 gave a traceback."""
+    case = _train_case(tmp, tiny_workspace, tiny_workspace / "folds.csv", "train.batch_size=0")
+    case.names, case.problem = ["--set train.batch_size=0"], r"'train.batch_size' must be an integer >= 1, got 0"
+    return case
+
+
+def set_negative_epochs(tmp, tiny_workspace):
+    case = _train_case(tmp, tiny_workspace, tiny_workspace / "folds.csv", "train.epochs=-2")
+    case.names, case.problem = ["--set train.epochs=-2"], r"'train.epochs' must be an integer >= 1, got -2"
+    return case
+
+
+def set_infinite_lr(tmp, tiny_workspace):
+    case = _train_case(tmp, tiny_workspace, tiny_workspace / "folds.csv", "train.lr=1e999")
+    case.names, case.problem = ["--set train.lr=1e999"], r"'train.lr' must be a finite number, got inf"
+    return case
+
+
+def _edited_folds(tmp, ws, edit) -> Path:
+    import pandas as pd
+
+    df = edit(pd.read_csv(ws / "folds.csv", dtype={"face_id": str, "group": str}))
+    path = tmp / "folds_edited.csv"
+    df.to_csv(path, index=False)
+    return path
+
+
+def folds_rows_shuffled(tmp, tiny_workspace):
+    """Train used a folds file whose rows are not the cache's faces in order."""
+    folds = _edited_folds(tmp, tiny_workspace, lambda df: df.sample(frac=1.0, random_state=1))
+    case = _train_case(tmp, tiny_workspace, folds, "train.epochs=1")
+    case.names, case.problem = [str(folds)], r"rows do not match the faces of .*cache/train \(row \d+: "
+    return case
+
+
+def folds_rows_missing_predict(tmp, tiny_workspace):
+    folds = _edited_folds(tmp, tiny_workspace, lambda df: df.iloc[:-3])
+    out = tmp / "predictions"
+    return Case(["predict", "--cache", str(tiny_workspace / "cache"), "--folds", str(folds), "--models",
+                 str(tmp / "models"), "--out", str(out), "--set", "predict.device=cpu"],
+                [str(folds)], r"has \d+ rows but .*cache/train has \d+ faces", out)
+
+
+def _ibug68_checkpoint(path: Path, side: int, expand: float) -> Path:
+    import torch
+
+    from pipeline.models import create_model
+    from pipeline.schema import IBUG68
+
+    model = create_model("resunet-tiny", 68, in_chans=3, input_size=32)
+    torch.save({"model_config": model.config, "model": model.state_dict(), "schema": IBUG68.to_dict(),
+                "epoch": 1, "crop": {"size": side, "expand": expand}}, path)
+    return path
+
+
+def checkpoint_other_crop_geometry(tmp, tiny_workspace):
+    """A checkpoint trained on 64 px crops applied to the 32 px cache."""
+    case, ckpt = _predict_case(tmp, tiny_workspace, _ibug68_checkpoint(tmp / "c.pt", 64, 1.25))
+    case.problem = r"trained on 64 px crops with expand 1.25, but the cache .* holds 32 px crops"
+    return case
+
+
+def caches_of_two_crop_runs(tmp, tiny_workspace):
+    """train/ and test/ from different crop runs (what a crash between splits used to leave)."""
+    import json
+
+    cache = tmp / "cache"
+    shutil.copytree(tiny_workspace / "cache", cache)
+    info = cache / "test" / "info.json"
+    d = json.loads(info.read_text())
+    d["run"] = "another-run"
+    info.write_text(json.dumps(d))
+    out = tmp / "predictions"
+    return Case(["predict", "--cache", str(cache), "--folds", str(tiny_workspace / "folds.csv"), "--models",
+                 str(tmp / "models"), "--out", str(out), "--set", "predict.device=cpu"],
+                [str(cache)], r"train/ and test/ caches come from different `pipeline crop` runs", out)
+
+
+def solution_too_short(demo_dir, tmp):
+    """A short solution.csv was reported under the submission's name."""
+    sol = tmp / "solution.csv"
+    lines = (demo_dir / "solution.csv").read_text().splitlines()
+    sol.write_text("\n".join(lines[:-5]) + "\n")
+    sub = tmp / "sub.csv"
+    sub.write_text("\n".join(lines) + "\n")
+    out = tmp / "scores"
+    return Case(["score", str(sub), "--solution", str(sol), "--json", str(out / "score.json")], [str(sol)],
+                r"rows, not whole faces of 68 keypoints", out)
+
+
 CASES = {f.__name__: f for f in (
     xml_truncated, xml_test_truncated, xml_not_xml, xml_without_images, xml_missing,
     image_missing, image_zero_bytes, image_corrupt_jpeg, image_corrupt_jpeg_parallel, image_truncated_jpeg, image_is_directory,
@@ -443,6 +615,11 @@ CASES = {f.__name__: f for f in (
     checkpoint_truncated, checkpoint_not_ours, checkpoint_garbage_fields, checkpoint_wrong_weights, checkpoint_malicious_pickle, checkpoint_malicious_pickle_protocol2,
     checkpoint_malicious_torch_zip,
     submit_xml_malicious_checkpoint,
+    box_far_outside_image, box_absurdly_large, image_declares_huge_size, image_declares_zero_width,
+    params_nan_expand, params_zero_expand, params_duplicated_key, params_problem_found_late_names_that_file,
+    set_nonpositive_train_numbers, set_negative_epochs, set_infinite_lr,
+    folds_rows_shuffled, folds_rows_missing_predict, checkpoint_other_crop_geometry, caches_of_two_crop_runs,
+    solution_too_short,
 )}
 
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -163,3 +164,62 @@ def test_atomic_write_interrupted_keeps_old_file(tmp_path, when):
             raise KeyboardInterrupt
     assert target.read_bytes() == before
     assert sorted(p.name for p in tmp_path.iterdir()) == ["last.pt"]
+
+
+def _tree(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_crop_killed_between_splits_keeps_the_old_cache(demo_dir, tiny_workspace, tmp_path):
+    """SIGKILL after the train split is written (PIPELINE_KILL_AT=crop:train): the old
+    cache stays whole (train and test of one run); the next crop removes the temp folder
+    and writes both splits of one new run."""
+    import json
+
+    from pipeline.faults import KILL_AT
+
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny_workspace / "cache", cache)
+    before = _tree(cache)
+    cmd = [sys.executable, "-m", "pipeline", "crop", "--out", str(cache), "--set", f"data.dir={demo_dir}",
+           "--set", "crop.side=24", "--set", "crop.n_jobs=1"]
+    r = subprocess.run(cmd, cwd=tmp_path, env={**_env(), KILL_AT: "crop:train"}, capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert _tree(cache) == before
+    assert [p.name for p in tmp_path.glob(".cache.tmp-*")], "the kill should have left the temp folder"
+    r = subprocess.run(cmd, cwd=tmp_path, env=_env(), capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert "left by an interrupted run" in r.stderr
+    assert not list(tmp_path.glob(".cache.*")), list(tmp_path.glob(".cache.*"))
+    info = {s: json.loads((cache / s / "info.json").read_text()) for s in ("train", "test")}
+    assert info["train"]["size"] == info["test"]["size"] == 24 and info["train"]["run"] == info["test"]["run"]
+
+
+def test_crop_full_disk_keeps_the_old_cache(demo_dir, tiny_workspace, tmp_path, monkeypatch, capsys):
+    """ENOSPC while writing the test split: exit 2, one line naming the cache, old cache
+    unchanged, no temp folder."""
+    import errno
+
+    import pipeline.crop as crop
+    from pipeline.cli import main
+
+    cache = tmp_path / "cache"
+    shutil.copytree(tiny_workspace / "cache", cache)
+    before = _tree(cache)
+    real = crop.write_npy
+
+    def full(path, array):
+        if Path(path).parent.name == "test":
+            raise OSError(errno.ENOSPC, "No space left on device")
+        real(path, array)
+
+    monkeypatch.setattr(crop, "write_npy", full)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["crop", "--out", str(cache), "--set", f"data.dir={demo_dir}", "--set", "crop.side=24",
+              "--set", "crop.n_jobs=1"])
+    err = capsys.readouterr().err.splitlines()
+    assert e.value.code == 2 and err == [f"error: {cache}: writing failed (No space left on device); left as it was"]
+    assert _tree(cache) == before
+    assert not list(tmp_path.glob(".cache.*"))
