@@ -704,7 +704,7 @@ def test_malicious_payload_is_live(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["xml_truncated", "image_corrupt_jpeg_parallel", "params_unknown_key",
-                                  "submission_nan", "checkpoint_malicious_pickle"])
+                                  "submission_nan", "checkpoint_malicious_pickle", "box_absurdly_large"])
 def test_real_process(name, request, tmp_path):
     """The same check on the real stderr of a `python -m pipeline` process."""
     case = _build(name, request, tmp_path)

@@ -104,6 +104,19 @@ def test_real_layout_folds_keep_photos_and_mirrors_together(tmp_path):
         _assert_grouped(photo, fold)
         sizes = np.bincount(fold, minlength=k)
         assert sizes.max() - sizes.min() <= 4  # within the biggest photo (2 faces + 2 mirrors)
+    # the same through the stages: crop, then `pipeline folds` with the params' rule
+    from pipeline.config import load_config
+    from pipeline.crop import run_crop
+
+    run_crop(load_config(None, [f"data.dir={ds}", "crop.side=8", "crop.n_jobs=1"]), tmp_path / "c")
+    out = tmp_path / "f" / "folds.csv"
+    main(["folds", "--cache", str(tmp_path / "c"), "--out", str(out)])
+    df = pd.read_csv(out, dtype={"face_id": str, "group": str})
+    meta = pd.read_csv(tmp_path / "c" / "train" / "meta.csv", dtype={"image": str})
+    _assert_grouped(meta["image"].map(truth), df["fold"])
+    assert df["group"].nunique() == photo.nunique()
+    sizes = np.bincount(df["fold"], minlength=5)
+    assert sizes.max() - sizes.min() <= 4
     # control: the old rule puts mirrors and LFPW photos in the wrong groups
     old = meta["image"].map(lambda im: re.sub(r"_\d+$", "", im.rsplit(".", 1)[0]))
     fold = make_folds(old.to_numpy(), 2, seed=0) if old.value_counts().max() <= len(old) / 2 else None
