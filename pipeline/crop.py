@@ -356,6 +356,9 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, 
     schema = get_schema(dcfg)
     splits = {"train": (root / dcfg["train_xml"], True), "test": (root / dcfg["test_xml"], False)}
     out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not _is_cache_root(out))):
+        raise PipelineError(out, "exists and is not a face cache (only train/, test/ and params.resolved.yaml "
+                                 "may be there); refusing to replace it")
     for name in splits:  # fail before the work when an output cannot be replaced
         d = out / name
         if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not (d / CACHE_MARKER).exists())):

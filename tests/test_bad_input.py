@@ -591,6 +591,15 @@ def caches_of_two_crop_runs(tmp, tiny_workspace):
                 [str(cache)], r"train/ and test/ caches come from different `pipeline crop` runs", out)
 
 
+def crop_into_foreign_folder(demo_dir, tmp):
+    """The cache is replaced as a whole: a folder holding anything else is refused."""
+    out = tmp / "somewhere"
+    out.mkdir()
+    (out / "notes.txt").write_text("mine")
+    return Case(["crop", "--out", str(out), "--set", f"data.dir={demo_dir}", *CROP_SETS], [str(out)],
+                r"exists and is not a face cache", out)
+
+
 def solution_too_short(demo_dir, tmp):
     """A short solution.csv was reported under the submission's name."""
     sol = tmp / "solution.csv"
@@ -619,7 +628,7 @@ CASES = {f.__name__: f for f in (
     params_nan_expand, params_zero_expand, params_duplicated_key, params_problem_found_late_names_that_file,
     set_nonpositive_train_numbers, set_negative_epochs, set_infinite_lr,
     folds_rows_shuffled, folds_rows_missing_predict, checkpoint_other_crop_geometry, caches_of_two_crop_runs,
-    solution_too_short,
+    solution_too_short, crop_into_foreign_folder,
 )}
 
 
