@@ -172,3 +172,30 @@ def test_every_param_change_reruns_its_stage(dvc_project):
             assert (root / o).exists() and _digest(root / o) != before[o], f"{key}={value}: {o} did not change"
     lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     assert lock["crop"]["params"]["params.yaml"]["crop"]["side"] == 24
+
+
+def test_control_dvc_run_cache_ignores_a_param_named_size(tmp_path):
+    """Why crop.size was renamed: with the installed DVC a stage whose param `size` changed
+    is restored from the run cache with its old output. Skips once DVC is fixed."""
+    dvc = Path(sys.executable).parent / "dvc"
+    if not dvc.exists():
+        pytest.skip("dvc is not installed")
+    (tmp_path / "params.yaml").write_text("a:\n  size: 30\n  count: 30\n")
+    (tmp_path / "dvc.yaml").write_text(yaml.safe_dump({"stages": {"gen": {
+        "cmd": f"{sys.executable} -c \"import yaml; open('out.txt', 'w').write(str(yaml.safe_load("
+               "open('params.yaml'))['a']))\"",
+        "params": ["a"], "outs": ["out.txt"]}}}))
+    env = {**os.environ, "DVC_NO_ANALYTICS": "1"}
+
+    def run(*args):
+        r = subprocess.run([str(dvc), *args], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+
+    run("init", "--no-scm", "-q")
+    run("repro")
+    (tmp_path / "params.yaml").write_text("a:\n  size: 40\n  count: 30\n")
+    run("repro")
+    out = (tmp_path / "out.txt").read_text()
+    if "'size': 40" in out:
+        pytest.skip("this DVC keeps params named size in the run cache key (treeverse/dvc#10296 fixed)")
+    assert out == "{'size': 30, 'count': 30}"  # stale: the reason for crop.side
