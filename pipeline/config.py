@@ -254,19 +254,26 @@ def parse_override(text: str) -> dict:
     return node
 
 
-_SOURCE = ["params.yaml"]  # the params file of the last load_config (one per CLI process)
+_SOURCE: dict[str, Any] = {"file": "params.yaml", "set": {}}  # of the last load_config (one per CLI process)
 
 
-def params_source() -> str:
-    """The params file the current config came from, for errors about a param value that
-    are found after loading (so `--params other.yaml` is blamed, not params.yaml)."""
-    return _SOURCE[0]
+def params_source(*keys: str) -> str:
+    """Where the current value of `keys` came from, for errors about a param found after
+    loading: `--set key=value` when an override set it (or its section), else the params
+    file read (so `--params other.yaml` is blamed, not params.yaml)."""
+    for key in keys:
+        for set_key, text in reversed(list(_SOURCE["set"].items())):
+            if key == set_key or key.startswith(set_key + "."):
+                return f"--set {text}"
+    return _SOURCE["file"]
 
 
 def load_config(params: str | os.PathLike | None = "params.yaml",
                 overrides: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
     """Defaults, then `params` (a missing default params.yaml means defaults), then overrides."""
-    _SOURCE[0] = "params.yaml" if params is None else str(params)
+    overrides = list(overrides)
+    _SOURCE["file"] = "params.yaml" if params is None else str(params)
+    _SOURCE["set"] = {t.split("=", 1)[0].strip(): t for t in overrides}
     cfg = copy.deepcopy(DEFAULTS)
     if params is not None:
         path = Path(params)

@@ -190,7 +190,8 @@ def crop_faces(faces: list[Face], root: str | os.PathLike, size: int, expand: fl
     from tqdm import tqdm
 
     if size < 1 or expand <= 0:
-        raise PipelineError(params_source(), f"crop.side must be >= 1 and crop.expand > 0, got {size}, {expand}")
+        raise PipelineError(params_source("crop.side", "crop.expand"),
+                            f"crop.side must be >= 1 and crop.expand > 0, got {size}, {expand}")
     root = Path(root)
     by_image: dict[str, list[int]] = {}
     for i, f in enumerate(faces):
@@ -345,10 +346,11 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, 
 
     dcfg, ccfg = cfg["data"], cfg["crop"]
     if ccfg["side"] < 8 or ccfg["expand"] <= 0:
-        raise PipelineError(params_source(), f"crop.side must be >= 8 and crop.expand > 0, got "
-                                           f"{ccfg['side']} and {ccfg['expand']}")
+        raise PipelineError(params_source("crop.side", "crop.expand"),
+                            f"crop.side must be >= 8 and crop.expand > 0, got "
+                            f"{ccfg['side']} and {ccfg['expand']}")
     if ccfg["n_jobs"] == 0:
-        raise PipelineError(params_source(), "crop.n_jobs must be >= 1 (or negative: all cores but n+1)")
+        raise PipelineError(params_source("crop.n_jobs"), "crop.n_jobs must be >= 1 (or negative: all cores but n+1)")
     root = Path(dcfg["dir"] or DEMO_DIR)
     if not root.is_dir():
         hint = " (run `pipeline demo-data data/demo`, or set data.dir)" if dcfg["dir"] is None else ""

@@ -19,9 +19,11 @@ def resolve_device(name: str) -> torch.device:
     try:
         dev = torch.device(name)
     except RuntimeError:
-        raise PipelineError(params_source(), f"device: unknown device '{name}'") from None
+        raise PipelineError(params_source("train.device", "predict.device"),
+                            f"device: unknown device '{name}'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
-        raise PipelineError(params_source(), f"device '{name}' requested but CUDA is not available")
+        raise PipelineError(params_source("train.device", "predict.device"),
+                            f"device '{name}' requested but CUDA is not available")
     return dev
 
 
@@ -31,7 +33,7 @@ def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
     `auto` enables AMP only on CUDA: on CPUs without native bf16 matmul (AVX2-only,
     like our CI machine) autocast makes training hundreds of times slower."""
     if amp not in ("auto", "on", "off", "bf16", "fp16"):
-        raise PipelineError(params_source(), f"amp must be auto|on|off|bf16|fp16, got '{amp}'")
+        raise PipelineError(params_source("train.amp"), f"amp must be auto|on|off|bf16|fp16, got '{amp}'")
     if amp == "off":
         return None
     if amp == "auto" and device.type != "cuda":
@@ -51,5 +53,5 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 def use_channels_last(setting: str, device: torch.device) -> bool:
     if setting not in ("auto", "on", "off"):
-        raise PipelineError(params_source(), f"channels_last must be auto|on|off, got '{setting}'")
+        raise PipelineError(params_source("train.channels_last"), f"channels_last must be auto|on|off, got '{setting}'")
     return setting == "on" or (setting == "auto" and device.type == "cuda")

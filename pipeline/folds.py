@@ -29,9 +29,9 @@ def make_folds(groups, k: int, seed: int, source: str = "folds") -> np.ndarray:
         raise PipelineError("folds", "no faces to split")
     uniq, inverse, counts = np.unique(groups, return_inverse=True, return_counts=True)
     if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 2:
-        raise PipelineError(params_source(), f"folds.k must be an integer >= 2, got {k!r}")
+        raise PipelineError(params_source("folds.k"), f"folds.k must be an integer >= 2, got {k!r}")
     if k > len(uniq):
-        raise PipelineError(params_source(), f"folds.k = {k} but there are only {len(uniq)} photo groups "
+        raise PipelineError(params_source("folds.k"), f"folds.k = {k} but there are only {len(uniq)} photo groups "
                                            f"({len(groups)} faces)")
     big = int(np.argmax(counts))
     if counts[big] > len(groups) / k:
@@ -126,7 +126,8 @@ def folds_cmd(cache, out_path, cfg):
     fcfg = cfg["folds"]
     bad = [f for f in fcfg["train"] if not (isinstance(f, int) and 0 <= f < fcfg["k"])]
     if bad:
-        raise PipelineError(params_source(), f"folds.train has {bad}, folds are 0..{fcfg['k'] - 1}")
+        raise PipelineError(params_source("folds.train", "folds.k"),
+                            f"folds.train has {bad}, folds are 0..{fcfg['k'] - 1}")
     groups = group_faces(meta, fcfg["group_regex"], meta_path)
     sizes = groups.value_counts()
     log.info("%d faces in %d photo groups (folds.group_regex); largest: %s with %d faces", len(groups),

@@ -74,7 +74,7 @@ def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndar
     from pipeline.device import amp_dtype
 
     if tta not in ("none", "flip"):
-        raise PipelineError(params_source(), f"predict.tta must be none|flip, got '{tta}'")
+        raise PipelineError(params_source("predict.tta"), f"predict.tta must be none|flip, got '{tta}'")
     cfg = ckpt["model_config"]
     crops = predict_crops(model, faces, input_size=cfg["input_size"], in_chans=cfg["in_chans"],
                           flip_perm=ckpt["schema"]["flip"] if tta == "flip" else None,

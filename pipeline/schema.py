@@ -126,9 +126,10 @@ def get_schema(data_cfg: dict[str, Any]) -> KeypointSchema:
         return NOSE1
     if name == "custom":
         if not data_cfg.get("custom_schema"):
-            raise PipelineError(params_source(), "data.schema is 'custom' but data.custom_schema is empty")
+            raise PipelineError(params_source("data.schema", "data.custom_schema"),
+                                "data.schema is 'custom' but data.custom_schema is empty")
         return custom_schema(data_cfg["custom_schema"])
-    raise PipelineError(params_source(), f"data.schema: unknown schema '{name}' (ibug68, nose1, custom)")
+    raise PipelineError(params_source("data.schema"), f"data.schema: unknown schema '{name}' (ibug68, nose1, custom)")
 
 
 def schema_from_dict(d: dict[str, Any]) -> KeypointSchema:

@@ -248,7 +248,7 @@ def submit_cmd(predictions_path, cache, out_dir, xml_path, checkpoints, out_path
     predicts any test XML with any checkpoints (fold-averaged)."""
     name = cfg["submit"]["name"]
     if not name or "/" in name or "\\" in name or name in (".", ".."):
-        raise PipelineError(params_source(), f"submit.name must be a plain file name, got {name!r}")
+        raise PipelineError(params_source("submit.name"), f"submit.name must be a plain file name, got {name!r}")
     out = Path(out_path) if out_path else Path(out_dir) / f"{name}.csv"
     ckpts = list(checkpoints) + list(more_checkpoints)
     if xml_path is None:

@@ -48,7 +48,8 @@ def build_optimizer(model: torch.nn.Module, tcfg: dict[str, Any]) -> torch.optim
         return torch.optim.SGD(groups, lr=tcfg["lr"], momentum=tcfg["momentum"])
     if tcfg["optimizer"] == "adamw":
         return torch.optim.AdamW(groups, lr=tcfg["lr"], betas=(tcfg["momentum"], 0.999))
-    raise PipelineError(params_source(), f"train.optimizer must be sgd|adamw, got '{tcfg['optimizer']}'")
+    raise PipelineError(params_source("train.optimizer"),
+                        f"train.optimizer must be sgd|adamw, got '{tcfg['optimizer']}'")
 
 
 @dataclass
@@ -191,8 +192,9 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     if not is_main:  # and only rank 0 logs progress: the other ranks report warnings only
         log.setLevel(logging.WARNING)
     if tcfg["batch_size"] % world:
-        raise PipelineError(params_source(), f"train.batch_size {tcfg['batch_size']} is not divisible by "
-                                           f"the {world} DDP processes")
+        raise PipelineError(params_source("train.batch_size"),
+                            f"train.batch_size {tcfg['batch_size']} is not divisible by "
+                            f"the {world} DDP processes")
     # train.batch_size is the global batch: each rank takes its share, so the lr and the
     # schedule do not change with the number of processes
     rank_batch = tcfg["batch_size"] // world

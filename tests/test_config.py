@@ -142,3 +142,18 @@ def test_no_param_named_size_or_nfiles():
                 if isinstance(v, dict):
                     walk(v, f"{prefix}{k}.")
         walk(yaml.safe_load(path.read_text()))
+
+
+def test_late_param_errors_name_the_set_or_the_file_read(tmp_path):
+    """A param found bad after loading (unknown schema) is blamed on the --set that gave
+    it, else on the params file actually read."""
+    from pipeline.schema import get_schema
+
+    cfg = load_config(None, ["train.lr=0.1", "data.schema=nosuch"])
+    with pytest.raises(PipelineError, match=r"^--set data.schema=nosuch: data.schema: unknown schema"):
+        get_schema(cfg["data"])
+    p = tmp_path / "other.yaml"
+    p.write_text("data:\n  schema: nosuch\n")
+    cfg = load_config(p, ["train.lr=0.1"])
+    with pytest.raises(PipelineError, match=rf"^{p}: data.schema: unknown schema"):
+        get_schema(cfg["data"])
