@@ -105,8 +105,6 @@ def fold_checkpoints(models_dir: str | os.PathLike, k: int, name: str) -> dict[i
 
 
 def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out_dir: str) -> None:
-    import pandas as pd
-
     from pipeline.checkpoint import load_model
     from pipeline.config import write_resolved
     from pipeline.crop import load_cache

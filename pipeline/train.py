@@ -161,8 +161,6 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
         max_epochs: int | None = None) -> dict[str, float]:
     """Train fold `fold`; returns the final metrics. `max_epochs` stops early (for tests of
     interruption): the schedule still follows train.epochs."""
-    import pandas as pd
-
     from pipeline.augment import TrainAugment
     from pipeline.checkpoint import load_checkpoint, save_checkpoint
     from pipeline.config import write_resolved
