@@ -140,8 +140,15 @@ def _regex_with_photo(pattern: str) -> bool:
     except re.error:
         return False
 
-# On/off switches: YAML reads on/off/yes/no/true/false as booleans; they mean "on"/"off".
-SWITCHES = {"train.channels_last", "train.amp"}
+# On/off switches: string params whose default is "auto", "on" or "off" (train.amp,
+# train.channels_last, ...). YAML reads on/off/yes/no/true/false as booleans; for a switch
+# they mean "on"/"off".
+SWITCH_DEFAULTS = ("auto", "on", "off")
+
+
+def _is_switch(key: str) -> bool:
+    default = DEFAULTS_FLAT.get(key)
+    return isinstance(default, str) and default in SWITCH_DEFAULTS
 
 
 def _check_range(key: str, value: Any, source: str) -> None:
@@ -189,7 +196,7 @@ def _merge(base: dict, update: dict, source: str, prefix: str = "") -> None:
             base[key] = copy.deepcopy(value) if value is not None else ({} if default == {} else None)
         elif isinstance(default, dict) and full not in NULLABLE:
             _merge(default, value, source, full + ".")
-        elif full in SWITCHES and isinstance(value, bool):
+        elif isinstance(value, bool) and _is_switch(full):
             base[key] = "on" if value else "off"
         elif not _type_ok(full, DEFAULTS_FLAT.get(full, default), value):
             raise PipelineError(

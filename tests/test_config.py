@@ -157,3 +157,15 @@ def test_late_param_errors_name_the_set_or_the_file_read(tmp_path):
     cfg = load_config(p, ["train.lr=0.1"])
     with pytest.raises(PipelineError, match=rf"^{p}: data.schema: unknown schema"):
         get_schema(cfg["data"])
+
+
+def test_every_auto_on_off_param_is_a_switch(monkeypatch):
+    """A new switch (a string param defaulting to auto/on/off) accepts on/off too."""
+    import pipeline.config as config
+
+    monkeypatch.setitem(config.DEFAULTS_FLAT, "predict.newswitch", "off")
+    monkeypatch.setitem(config.DEFAULTS["predict"], "newswitch", "off")
+    cfg = load_config(None, ["predict.newswitch=on"])
+    assert cfg["predict"]["newswitch"] == "on"
+    with pytest.raises(PipelineError, match="'predict.tta' must be string, got True"):
+        load_config(None, ["predict.tta=on"])  # none|flip is not a switch
