@@ -262,6 +262,7 @@ def _write_split(out: Path, faces: list[Face], arr: np.ndarray, a: np.ndarray, w
 
     from pipeline.config import write_resolved
 
+    label_origin = float(cfg["data"]["label_origin"])
     with staging_dir(out, CACHE_MARKER) as tmp:
         write_npy(tmp / "faces.npy", arr)
         write_npy(tmp / "crop_to_orig.npy", a)
@@ -269,7 +270,9 @@ def _write_split(out: Path, faces: list[Face], arr: np.ndarray, a: np.ndarray, w
         if has_kp:
             orig = np.stack([f.keypoints for f in faces]).astype(np.float64)
             write_npy(tmp / "keypoints_orig.npy", orig)
-            write_npy(tmp / "keypoints.npy", to_crop(orig, a).astype(np.float32))
+            # crop pixels are 0-based pixel centres: labels move to that grid before the
+            # transform, predictions move back in predict_original
+            write_npy(tmp / "keypoints.npy", to_crop(orig - label_origin, a).astype(np.float32))
         meta = pd.DataFrame({
             "index": np.arange(len(faces)), "face_id": [f.face_id for f in faces],
             "group": [f.group for f in faces], "image": [f.image for f in faces],
@@ -281,7 +284,8 @@ def _write_split(out: Path, faces: list[Face], arr: np.ndarray, a: np.ndarray, w
         write_resolved(cfg, tmp, ["data", "crop"])
         # info.json last: it marks a complete split
         write_json(tmp / "info.json", {"size": size, "expand": expand, "n": len(faces), "has_keypoints": has_kp,
-                                       "schema": schema.to_dict(), "xml": str(xml)})
+                                       "schema": schema.to_dict(), "xml": str(xml),
+                                       "label_origin": label_origin})
 
 
 def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, int]:
