@@ -137,7 +137,7 @@ def bench_train(cfg: dict, preset: str, cache_dir: Path, steps: int, batch_size:
     from pipeline.crop import load_cache
     from pipeline.data import DeviceLoader, EpochSampler, FaceDataset, make_loader, normalize_batch
     from pipeline.device import amp_dtype, use_channels_last
-    from pipeline.losses import build_loss
+    from pipeline.losses import loss_from_params
     from pipeline.models import create_model, model_flops
     from pipeline.train import StepState, build_optimizer, train_one_epoch
 
@@ -156,7 +156,7 @@ def bench_train(cfg: dict, preset: str, cache_dir: Path, steps: int, batch_size:
     scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
     mean_shape = crop_to_input(cache.keypoints.mean(0).astype(np.float64), cache_size, input_size)
     neighbours = torch.as_tensor(schema.neighbours(mean_shape), device=device)
-    loss_fn = build_loss(tcfg["loss"], tcfg["structure_lambda"], neighbours)
+    loss_fn = loss_from_params(tcfg, input_size, neighbours)
     # constant lr: the schedule does not change the cost of a step
     state = StepState(0, 10 ** 9, 0, tcfg["lr"] * 0.1)
 

@@ -29,6 +29,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "solution": "solution.csv",  # truth of the test set, scored when present
         "schema": "ibug68",  # keypoint layout: ibug68 | nose1 | custom
         "custom_schema": None,  # with schema: custom -> {names, flip, eyes}
+        # coordinate of the first pixel's centre in the labels: 0 = dlib / OpenCV, 1 = the
+        # 1-based Matlab convention of the 300-W .pts files. Internally pixel centres sit at
+        # 0, 1, ...; a wrong origin makes mirrored training samples disagree by 2 * origin px
+        # in x (the flip maps x -> W - 1 - x) and biases predictions by -origin px in x
+        "label_origin": 0.0,
     },
     "demo": {
         "n_train": 400,  # synthetic training faces
@@ -67,6 +72,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "warmup_epochs": 1.0,  # linear warm-up length; then cosine decay to 0
         "loss": "l1",  # l1 | l2 | mse | euclidean
         "structure_lambda": 0.2,  # weight of the structure loss (0 disables)
+        # losses on coordinates scaled to [-1, 1] (errors / half the input size), as in the
+        # integral-regression papers: the seed's SGD lr 0.8 assumes this scale
+        "normalize_coords": True,
+        "heatmap_lambda": 0.0,  # weight of the DSNT heatmap regulariser (JS to a Gaussian), 0 = off
+        "heatmap_sigma": 1.0,  # its Gaussian's sigma in heatmap pixels
         "scale_min": 0.75,  # random resize range
         "scale_max": 1.3333333,
         "flip": 0.5,  # horizontal flip probability (indices remapped by the schema)
@@ -81,6 +91,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     },
     "predict": {
         "tta": "flip",  # none | flip
+        # subtract the per-keypoint mean OOF residual from the test predictions: on | off |
+        # auto (only when it lowers the leave-one-out calibrated OOF MAE)
+        "calibrate": "auto",
         "batch_size": 64,
         "device": "auto",
         "checkpoint": "best.pt",  # which file of models/fold{K}/

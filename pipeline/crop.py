@@ -299,6 +299,7 @@ def _write_split(tmp: Path, faces: list[Face], arr: np.ndarray, a: np.ndarray, w
 
     from pipeline.config import write_resolved
 
+    label_origin = float(cfg["data"]["label_origin"])
     tmp.mkdir()
     write_npy(tmp / "faces.npy", arr)
     write_npy(tmp / "crop_to_orig.npy", a)
@@ -306,7 +307,9 @@ def _write_split(tmp: Path, faces: list[Face], arr: np.ndarray, a: np.ndarray, w
     if has_kp:
         orig = np.stack([f.keypoints for f in faces]).astype(np.float64)
         write_npy(tmp / "keypoints_orig.npy", orig)
-        write_npy(tmp / "keypoints.npy", to_crop(orig, a).astype(np.float32))
+        # crop pixels are 0-based pixel centres: labels move to that grid before the
+        # transform, predictions move back in predict_original
+        write_npy(tmp / "keypoints.npy", to_crop(orig - label_origin, a).astype(np.float32))
     meta = pd.DataFrame({
         "index": np.arange(len(faces)), "face_id": [f.face_id for f in faces],
         "group": [f.group for f in faces], "image": [f.image for f in faces],
@@ -318,7 +321,8 @@ def _write_split(tmp: Path, faces: list[Face], arr: np.ndarray, a: np.ndarray, w
     write_resolved(cfg, tmp, ["data", "crop"])
     # info.json last: it marks a complete split
     write_json(tmp / "info.json", {"size": size, "expand": expand, "n": len(faces), "has_keypoints": has_kp,
-                                   "schema": schema.to_dict(), "xml": str(xml), "run": run})
+                                   "schema": schema.to_dict(), "xml": str(xml), "run": run,
+                                   "label_origin": label_origin})
 
 
 def _is_cache_root(folder: Path) -> bool:

@@ -193,6 +193,44 @@ def oof_metrics(tta: np.ndarray, plain: np.ndarray, fold: np.ndarray, truth: np.
     return {"per_fold": per_fold, "overall": overall}
 
 
+def oof_bias_report(tta: np.ndarray, truth: np.ndarray, eyes, names: Sequence[str]) -> dict[str, Any]:
+    """Per-keypoint mean OOF residual (x, y, original px) and the OOF metrics after
+    subtracting it, each face calibrated with the other faces' estimate (leave-one-out,
+    so the improvement is not measured on the faces it was fitted to)."""
+    from pipeline.calibrate import keypoint_bias, leave_one_out_calibrated
+
+    ok = np.isfinite(tta).all(axis=(1, 2))
+    bias = keypoint_bias(tta, truth)  # (K, 2)
+    report: dict[str, Any] = {"n": int(ok.sum()), "mean_x": float(bias[:, 0].mean()),
+                              "mean_y": float(bias[:, 1].mean()),
+                              "mean_abs": float(np.abs(bias).mean()),
+                              "oof_mae_cal": None, "oof_nme_cal": None,
+                              "per_keypoint": {str(n): [round(float(bx), 4), round(float(by), 4)]
+                                               for n, (bx, by) in zip(names, bias)}}
+    if ok.sum() >= 2:
+        cal = leave_one_out_calibrated(tta, truth)[ok]
+        report.update(oof_mae_cal=mae(cal, truth[ok]), oof_nme_cal=_r(nme(cal, truth[ok], eyes)))
+    return report
+
+
+def uncalibrated_test_scores(test_npz: Path, solution: Path, eyes) -> dict[str, Any]:
+    """Test MAE / NME of the ensemble before OOF calibration, when predict stored it and
+    the truth exists: the leaderboard shows the test score with and without calibration."""
+    from pipeline.submit import read_solution
+
+    if not (test_npz.exists() and solution.exists()):
+        return {}
+    with np.load(test_npz, allow_pickle=False) as z:
+        if "ensemble_raw" not in z.files:  # from a predict before calibration existed
+            return {}
+        raw, calibrated = z["ensemble_raw"].astype(np.float64), bool(z["calibrated"])  # (N, K, 2)
+    truth = read_solution(solution)
+    if truth.size != raw.size:
+        return {"calibrated": calibrated}
+    truth = truth.reshape(raw.shape)
+    return {"calibrated": calibrated, "mae_uncal": mae(raw, truth), "nme_uncal": _r(nme(raw, truth, eyes))}
+
+
 def solution_path(data_cfg: dict) -> Path:
     """Where the test truth lives: data.dir/data.solution, or the demo set's solution."""
     base = Path(data_cfg["dir"]) if data_cfg.get("dir") else Path("data/demo")
@@ -250,6 +288,7 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
         if len(folds_fold) != len(fold) or not np.array_equal(folds_fold, fold):
             raise PipelineError(oof_path, f"folds differ from {folds_path}; rerun `pipeline predict`")
     oof = oof_metrics(z["tta"].astype(np.float64), z["plain"].astype(np.float64), fold, truth, eyes)
+    bias = oof_bias_report(z["tta"].astype(np.float64), truth, eyes, schema.names)
 
     # test
     sol = solution_path(cfg["data"])
@@ -268,10 +307,15 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
         s = score_files(sub, sol, schema.k, eyes, None if n_test is None else n_test * schema.k * 2)
         test = {"mae": s["mae"], "nme": s["nme"], "n": s["faces"], "solution": str(sol), "submission": str(sub)}
 
+    test.update(uncalibrated_test_scores(predictions / "test.npz", sol, eyes))
+
     ov = oof["overall"]
     summary = {"oof_mae": ov["mae"], "oof_nme": ov["nme"], "oof_mae_notta": ov["mae_notta"],
                "oof_nme_notta": ov["nme_notta"], "oof_n": ov["n"],
-               "test_mae": test["mae"], "test_nme": test["nme"], "test_n": test["n"]}
+               "oof_mae_cal": bias["oof_mae_cal"], "oof_nme_cal": bias["oof_nme_cal"],
+               "test_mae": test["mae"], "test_nme": test["nme"], "test_n": test["n"],
+               "test_calibrated": test.get("calibrated"), "test_mae_uncal": test.get("mae_uncal")}
+    write_json(out / "bias.json", bias)
     write_json(out / "oof.json", oof)
     write_json(out / "test.json", test)
     write_json(out / "summary.json", summary)
@@ -304,9 +348,11 @@ def evaluate_cmd(cache, folds_path, predictions, out_dir, submission, cfg):
     res = run_evaluate(cfg, cache, folds_path, predictions, out_dir, submission)
     s = res["summary"]
     click.echo(f"OOF   MAE {_num(s['oof_mae'])} px  NME {_pct(s['oof_nme'])}  "
-               f"(no TTA: MAE {_num(s['oof_mae_notta'])})  n={s['oof_n']}")
+               f"(no TTA: MAE {_num(s['oof_mae_notta'])}; calibrated: MAE {_num(s['oof_mae_cal'])})  "
+               f"n={s['oof_n']}")
     if s["test_mae"] is not None:
-        click.echo(f"test  MAE {_num(s['test_mae'])} px  NME {_pct(s['test_nme'])}  n={s['test_n']}")
+        click.echo(f"test  MAE {_num(s['test_mae'])} px  NME {_pct(s['test_nme'])}  n={s['test_n']}  "
+                   f"(calibrated: {s['test_calibrated']}; uncalibrated MAE {_num(s['test_mae_uncal'])})")
     click.echo(f"wrote {Path(out_dir) / 'summary.json'}")
 
 
@@ -435,7 +481,7 @@ def differing_params(rows: Sequence[dict]) -> list[str]:
 def experiment_table(rows: Sequence[dict]) -> str:
     rows = sorted(rows, key=lambda r: _sort_key(r["summary"].get("oof_mae")))
     diff = differing_params(rows)
-    headers = ["source", "name", "oof_mae", "oof_nme", "test_mae"] + diff
+    headers = ["source", "name", "oof_mae", "oof_mae_cal", "oof_nme", "test_mae", "test_mae_uncal"] + diff
     body = []
     for r in rows:
         s = r["summary"]
@@ -443,8 +489,8 @@ def experiment_table(rows: Sequence[dict]) -> str:
         for k in diff:
             v = r["params"].get(k, "-")
             vals.append(json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
-        body.append([r["source"], r["name"], _num(s.get("oof_mae")), _pct(s.get("oof_nme")),
-                     _num(s.get("test_mae"))] + vals)
+        body.append([r["source"], r["name"], _num(s.get("oof_mae")), _num(s.get("oof_mae_cal")),
+                     _pct(s.get("oof_nme")), _num(s.get("test_mae")), _num(s.get("test_mae_uncal"))] + vals)
     return format_table(headers, body)
 
 
@@ -466,8 +512,10 @@ def leaderboard_cmd(metrics_dir, exps):
             raise PipelineError(oof_path, f"not a metrics file from `pipeline evaluate` ({type(e).__name__})") from None
         click.echo(f"Folds by out-of-fold MAE ({oof_path})")
         click.echo(format_table(["fold", "n", "MAE", "NME", "MAE no-TTA"], rows))
+        bias_path = mdir / "bias.json"
+        cal = json.loads(bias_path.read_text()) if bias_path.exists() else {}
         click.echo(f"overall: n={ov.get('n')}  MAE {_num(ov.get('mae'))}  NME {_pct(ov.get('nme'))}  "
-                   f"MAE no-TTA {_num(ov.get('mae_notta'))}"
+                   f"MAE no-TTA {_num(ov.get('mae_notta'))}  MAE calibrated {_num(cal.get('oof_mae_cal'))}"
                    + (f"  untrained folds {ov['untrained_folds']}" if ov.get("untrained_folds") else ""))
     else:
         click.echo(f"no {oof_path} (run `pipeline evaluate` first)")

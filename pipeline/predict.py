@@ -80,7 +80,9 @@ def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndar
                           flip_perm=ckpt["schema"]["flip"] if tta == "flip" else None,
                           batch_size=batch_size, device=device,
                           amp=amp_dtype("auto", device), progress=progress)
-    out = {k: to_original(v, crop_to_orig) for k, v in crops.items()}
+    # back to the labels' pixel grid (data.label_origin of the cache the model trained on)
+    origin = float((ckpt.get("crop") or {}).get("label_origin", 0.0))
+    out = {k: to_original(v, crop_to_orig) + origin for k, v in crops.items()}
     out["final"] = out["tta"] if tta == "flip" else out["plain"]
     return out
 
@@ -111,7 +113,12 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     from pipeline.device import resolve_device
     from pipeline.io import atomic_path
 
+    from pipeline.calibrate import CALIBRATE_MODES, keypoint_bias, should_calibrate
+
     pcfg = cfg["predict"]
+    if pcfg["calibrate"] not in CALIBRATE_MODES:
+        raise PipelineError("params.yaml", f"predict.calibrate must be {'|'.join(CALIBRATE_MODES)}, "
+                                           f"got '{pcfg['calibrate']}'")
     device = resolve_device(pcfg["device"])
     train, test = load_cache(Path(cache_dir) / "train"), load_cache(Path(cache_dir) / "test")
     from pipeline.crop import check_same_run
@@ -140,10 +147,20 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stack = np.stack(per_fold)  # (F, N, K, 2)
+    # OOF bias calibration: the per-keypoint mean OOF residual of the predictions of the
+    # kind the test set gets (with or without flip TTA)
+    oof_kind = oof["tta"] if pcfg["tta"] == "flip" else oof["plain"]
+    bias = keypoint_bias(oof_kind, train.keypoints_orig)  # (K, 2)
+    calibrated = should_calibrate(pcfg["calibrate"], oof_kind, train.keypoints_orig)
+    log.info("OOF bias: mean |x| %.3f px, |y| %.3f px (mean x %+.3f, y %+.3f); calibrate=%s -> %s",
+             *np.abs(bias).mean(0), *bias.mean(0), pcfg["calibrate"], "applied" if calibrated else "not applied")
+    raw = stack.mean(0)  # (N, K, 2)
+    ensemble = raw - bias if calibrated else raw
     # np.savez to an open file: given a path it appends '.npz' to the temp name ('.npz.tmp'),
     # writes there, and the empty temp would be renamed onto the output
     with atomic_path(out / "test.npz", suffix=".npz") as tmp, open(tmp, "wb") as f:
-        np.savez(f, ensemble=stack.mean(0), per_fold=stack, folds=np.array(sorted(ckpts)))
+        np.savez(f, ensemble=ensemble, ensemble_raw=raw, per_fold=stack, folds=np.array(sorted(ckpts)),
+                 bias=bias, calibrated=np.array(calibrated))
     with atomic_path(out / "oof.npz", suffix=".npz") as tmp, open(tmp, "wb") as f:
         np.savez(f, tta=oof["tta"], plain=oof["plain"], fold=fold_of)
     write_resolved(cfg, out, ["predict"])

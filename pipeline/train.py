@@ -81,8 +81,11 @@ def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState,
         for g in optimizer.param_groups:
             g["lr"] = lr
         with autocast(device, amp):
-            pred = model(images)
-        loss, _ = loss_fn(pred.float(), target)
+            if loss_fn.needs_maps:  # the heatmap regulariser also needs the soft-argmax maps
+                pred, probs = model(images, return_maps=True)  # (B, K, 2), (B, K, h, w)
+            else:
+                pred, probs = model(images), None  # (B, K, 2) input px
+        loss, _ = loss_fn(pred.float(), target, probs, tuple(images.shape[-2:]))
         if not torch.isfinite(loss):
             raise NonFiniteLoss(None, f"loss became {loss.item()} at step {state.step}; training "
                                       "stopped, the last good checkpoint is kept (lower train.lr?)")
@@ -168,7 +171,7 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     from pipeline.data import DeviceLoader, EpochSampler, FaceDataset, make_loader
     from pipeline.device import amp_dtype, resolve_device, use_channels_last
     from pipeline.io import remove_stale_temps, write_json
-    from pipeline.losses import build_loss
+    from pipeline.losses import loss_from_params
     from pipeline.models import create_model
 
     tcfg, mcfg = cfg["train"], cfg["model"]
@@ -217,7 +220,10 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     from pipeline.augment import crop_to_input
     mean_shape = crop_to_input(cache.keypoints[train_idx].mean(0).astype(np.float64), cache_size, input_size)
     neighbours = torch.as_tensor(schema.neighbours(mean_shape), device=device)
-    loss_fn = build_loss(tcfg["loss"], tcfg["structure_lambda"], neighbours)
+    loss_fn = loss_from_params(tcfg, input_size, neighbours)
+    if loss_fn.needs_maps and not hasattr(model, "forward_maps"):
+        raise PipelineError("params.yaml", f"train.heatmap_lambda > 0 needs a heatmap model; "
+                                           f"'{mcfg['preset']}' regresses coordinates directly")
 
     steps_per_epoch = math.ceil(math.ceil(len(train_idx) / world) / rank_batch)
     state = StepState(0, steps_per_epoch * tcfg["epochs"],
@@ -225,7 +231,8 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     # "crop": the geometry of the cache the model actually saw (params may name another
     # size than the cache on disk); standalone prediction must crop new faces the same way
     ckpt_meta = {"model_config": model.config, "schema": schema.to_dict(), "config": cfg,
-                 "crop": {"size": int(cache_size), "expand": float(cache.info["expand"])},
+                 "crop": {"size": int(cache_size), "expand": float(cache.info["expand"]),
+                          "label_origin": float(cache.info.get("label_origin", 0.0))},
                  "mean_shape": mean_shape.tolist(), "fold": fold}
     start_epoch, best_mae, history = 0, float("inf"), []
     last_path = out / "last.pt"

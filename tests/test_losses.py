@@ -128,3 +128,66 @@ def test_bad_arguments():
     neighbours, target, _ = ibug_case()
     with pytest.raises(ValueError, match="neighbours are for 68 keypoints"):
         build_loss("l1", 0.2, neighbours)(target[:, :5], target[:, :5])
+
+
+# ------------------------------------------------------------------ heatmap regulariser
+
+def test_gaussian_maps_are_normalised_and_centred_on_the_soft_argmax_grid():
+    from pipeline.losses import gaussian_maps
+    from pipeline.models.head import soft_argmax
+
+    target = torch.tensor([[[30.0, 21.5], [40.25, 33.0], [-60.0, 10.0]]])  # (1, 3, 2) input px
+    maps, inside = gaussian_maps(target, (16, 16), (64, 64), 1.0)
+    assert inside.tolist() == [[True, True, False]]  # the third point is far off the map
+    torch.testing.assert_close(maps[0, :2].sum((-2, -1)), torch.ones(2))
+    # the expectation of a map (read with soft_argmax's own grid) is its target
+    coords, _ = soft_argmax(maps[:, :2].clamp_min(1e-30).log(), (64, 64))
+    torch.testing.assert_close(coords, target[:, :2], atol=1e-3, rtol=0)
+
+
+def test_js_divergence_is_zero_for_equal_maps_and_at_most_ln2():
+    from pipeline.losses import js_divergence
+
+    p = torch.zeros(1, 2, 4, 4)
+    p[0, 0, 0, 0] = p[0, 1, 3, 3] = 1.0
+    q = torch.full((1, 2, 4, 4), 1 / 16)
+    assert js_divergence(q, q).abs().max() < 1e-6
+    disjoint = js_divergence(p[:, :1], p[:, 1:])
+    assert abs(disjoint.item() - np.log(2)) < 1e-5
+    assert (js_divergence(p, q) < np.log(2)).all()
+
+
+def test_heatmap_term_needs_maps_and_pulls_the_maps_towards_the_target():
+    from pipeline.models.head import soft_argmax
+
+    target = torch.tensor([[[20.0, 20.0]]])
+    loss_fn = build_loss("l1", 0.0, coord_scale=2 / 64, heatmap_lambda=1.0, heatmap_sigma=1.0)
+    assert loss_fn.needs_maps
+    logits = torch.zeros(1, 1, 16, 16, requires_grad=True)
+    coords, probs = soft_argmax(logits, (64, 64))
+    with pytest.raises(ValueError):
+        loss_fn(coords, target)
+    total, parts = loss_fn(coords, target, probs, (64, 64))
+    assert parts["heatmap"] > 0.1
+    total.backward()
+    # descending the gradient concentrates mass at the target's map pixel (4.5 -> cell 4 or 5)
+    with torch.no_grad():
+        new_probs = soft_argmax(logits - 50 * logits.grad, (64, 64))[1]
+    assert new_probs[0, 0, 4:6, 4:6].sum() > probs[0, 0, 4:6, 4:6].sum()
+
+
+def test_coord_scale_scales_point_and_structure_losses_alike():
+    pred, target = torch.randn(2, 68, 2) * 10, torch.randn(2, 68, 2) * 10
+    nb = torch.as_tensor(np.stack([(np.arange(68) + 1) % 68, (np.arange(68) + 2) % 68], 1))
+    plain = build_loss("l1", 0.2, nb)(pred, target)[0]
+    scaled = build_loss("l1", 0.2, nb, coord_scale=0.25)(pred, target)[0]
+    torch.testing.assert_close(scaled, plain * 0.25)
+
+
+@pytest.mark.parametrize("bad", [{"heatmap_lambda": -1.0}, {"heatmap_sigma": 0.0},
+                                 {"coord_scale": float("nan")}])
+def test_loss_rejects_out_of_range_settings(bad):
+    from pipeline.errors import PipelineError
+
+    with pytest.raises(PipelineError):
+        build_loss("l1", 0.2, None, **bad)

@@ -87,7 +87,10 @@ def test_predict_cli_ensemble_and_oof(tiny_workspace, trained, tmp_path):
     oof = np.load(tmp_path / "pred" / "oof.npz")
     n_test, n_train = len(load_cache(ws / "cache" / "test")), len(load_cache(ws / "cache" / "train"))
     assert test["ensemble"].shape == (n_test, 68, 2) and test["per_fold"].shape == (2, n_test, 68, 2)
-    np.testing.assert_allclose(test["ensemble"], test["per_fold"].mean(0))
+    np.testing.assert_allclose(test["ensemble_raw"], test["per_fold"].mean(0))
+    # OOF calibration (predict.calibrate: auto) subtracts the OOF bias, or leaves it alone
+    expect = test["ensemble_raw"] - test["bias"] if test["calibrated"] else test["ensemble_raw"]
+    np.testing.assert_allclose(test["ensemble"], expect)
     folds = pd.read_csv(ws / "folds.csv")["fold"].to_numpy()
     np.testing.assert_array_equal(oof["fold"], folds)
     assert oof["tta"].shape == (n_train, 68, 2) and np.isfinite(oof["tta"]).all()
@@ -110,3 +113,44 @@ def test_submit_and_score_agree_with_independent_mae(tiny_workspace, trained, tm
     a = pd.read_csv(sub).sort_values("Id")["Predicted"].to_numpy()
     b = pd.read_csv(demo_dir / "solution.csv").sort_values("Id").iloc[:, 1].to_numpy()
     assert abs(got - np.abs(a - b).mean()) < 1e-6
+
+
+def test_predict_calibration_subtracts_the_oof_bias_when_on(tiny_workspace, trained, tmp_path):
+    ws = tiny_workspace
+    base = ["predict", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"), "--models", str(trained)]
+    over = sum((["--set", s] for s in TINY), [])
+    main(base + ["--out", str(tmp_path / "on")] + over + ["--set", "predict.calibrate=on"])
+    main(base + ["--out", str(tmp_path / "off")] + over + ["--set", "predict.calibrate=off"])
+    on, off = np.load(tmp_path / "on" / "test.npz"), np.load(tmp_path / "off" / "test.npz")
+    oof = np.load(tmp_path / "on" / "oof.npz")["tta"]
+    truth = load_cache(ws / "cache" / "train").keypoints_orig
+    np.testing.assert_allclose(on["bias"], (oof - truth).mean(0))
+    assert bool(on["calibrated"]) and not bool(off["calibrated"])
+    np.testing.assert_allclose(on["ensemble"], off["ensemble"] - on["bias"])
+    np.testing.assert_allclose(off["ensemble"], off["ensemble_raw"])
+
+
+def test_label_origin_moves_labels_onto_the_pixel_grid_and_predictions_back(demo_dir, tmp_path):
+    from pipeline.crop import run_crop, to_crop
+    from pipeline.predict import predict_original
+
+    caches = {}
+    for origin in (0, 1):
+        cfg = load_config(None, [f"data.dir={demo_dir}", "crop.side=32", "crop.n_jobs=1",
+                                 f"data.label_origin={origin}"])
+        run_crop(cfg, tmp_path / f"o{origin}")
+        caches[origin] = load_cache(tmp_path / f"o{origin}" / "train")
+    c0, c1 = caches[0], caches[1]
+    assert c1.info["label_origin"] == 1.0
+    np.testing.assert_array_equal(c0.keypoints_orig, c1.keypoints_orig)  # the labels as written
+    np.testing.assert_allclose(c1.keypoints, to_crop(c1.keypoints_orig - 1.0, c1.crop_to_orig), atol=1e-4)
+    assert np.abs(c1.keypoints - c0.keypoints).min() > 0.05  # the crop targets really moved
+
+    coords = np.tile([[10.0, 12.0]], (68, 1))
+    ckpt = {"model_config": {"input_size": 32, "in_chans": 3}, "schema": IBUG68.to_dict()}
+    faces, a = c0.faces[:2], c0.crop_to_orig[:2]
+    plain = predict_original(Fixed(coords), {**ckpt, "crop": {"label_origin": 0.0}}, faces, a, "none", 8,
+                             torch.device("cpu"))["final"]
+    shifted = predict_original(Fixed(coords), {**ckpt, "crop": {"label_origin": 1.0}}, faces, a, "none", 8,
+                               torch.device("cpu"))["final"]
+    np.testing.assert_allclose(shifted, plain + 1.0)

@@ -273,8 +273,11 @@ class ResUNet(nn.Module):
     def forward_maps(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.forward_head(self.forward_decoder(self.forward_features(x)), tuple(x.shape[-2:]))
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_maps(x)[0]  # (B, K, 2)
+    def forward(self, x: torch.Tensor, return_maps: bool = False):
+        """(B, K, 2) input px; with return_maps also the soft-argmax maps (B, K, h, w)
+        (through forward, so DistributedDataParallel sees the call)."""
+        coords, probs = self.forward_maps(x)
+        return (coords, probs) if return_maps else coords
 
 
 def _create_resunet(model_args: dict, kwargs: dict) -> ResUNet:
