@@ -199,6 +199,16 @@ def test_evaluate_numbers(layout, capsys):
     summary = json.loads((layout / "metrics" / "summary.json").read_text())
     assert summary["oof_mae"] == pytest.approx(9.0 / 16) and summary["test_mae"] == pytest.approx(0.25)
     assert summary["test_nme"] == pytest.approx(test["nme"]) and summary["oof_nme"] == pytest.approx(ov["nme"])
+    # per-keypoint OOF bias over the 4 predicted faces: point a is off by (+1/4, 0) (face 0)
+    # and (0, +4/4) (face 2), point b by (0, +1); the leave-one-out calibrated MAE of face i
+    # subtracts the other three faces' mean residual
+    bias = json.loads((layout / "metrics" / "bias.json").read_text())
+    assert bias["n"] == 4 and bias["per_keypoint"] == {"a": [0.25, 1.0], "b": [0.0, 1.0]}
+    truth = np.load(layout / "data" / "cache" / "train" / "keypoints_orig.npy")[:4]
+    pred = np.load(layout / "predictions" / "oof.npz")["tta"][:4]
+    resid = pred - truth
+    loo = (resid.sum(0) - resid) / 3
+    assert summary["oof_mae_cal"] == pytest.approx(np.abs(resid - loo).mean())
     assert (layout / "metrics" / "params.resolved.yaml").exists()
     hist = (layout / "metrics" / "history.jsonl").read_text().splitlines()
     assert len(hist) == 1
@@ -283,7 +293,8 @@ def test_parse_dvc_exp_show_and_table():
     assert [r["name"] for r in rows] == ["master", "myexp", "shoal-knap"]
     assert rows[1]["params"] == {"train.lr": 0.05, "model.preset": "a"}
     table = experiment_table(rows).splitlines()
-    assert table[0].split() == ["source", "name", "oof_mae", "oof_nme", "test_mae", "train.lr"]
+    assert table[0].split() == ["source", "name", "oof_mae", "oof_mae_cal", "oof_nme", "test_mae", "test_mae_uncal",
+                                "train.lr"]
     assert [line.split()[1] for line in table[2:]] == ["myexp", "master", "shoal-knap"]
     assert table[2].split()[-1] == "0.05" and "0.7000" in table[2]
     assert parse_dvc_exp_show({"not": "a list"}) == []

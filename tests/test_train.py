@@ -89,3 +89,31 @@ def test_cuda_amp_step(tiny_workspace):
     m = fit(load_config(None, TINY + ["train.epochs=1", "train.device=cuda"]), 0, ws / "cache",
             ws / "folds.csv", ws / "g", resume=False)
     assert math.isfinite(m["val_mae"])
+
+
+def test_heatmap_regulariser_trains_through_the_maps(tiny_workspace, monkeypatch):
+    """heatmap_lambda > 0: the trainer asks the model for its soft-argmax maps and the
+    regulariser's gradient reaches the head."""
+    from pipeline.losses import KeypointLoss
+
+    seen = []
+    forward = KeypointLoss.forward
+
+    def spy(self, pred, target, probs=None, input_hw=None):
+        total, parts = forward(self, pred, target, probs, input_hw)
+        seen.append((probs is not None, float(parts["heatmap"])))
+        return total, parts
+
+    monkeypatch.setattr(KeypointLoss, "forward", spy)
+    ws = tiny_workspace
+    cfg = load_config(None, TINY + ["train.epochs=1", "train.heatmap_lambda=1.0"])
+    metrics = fit(cfg, 0, ws / "cache", ws / "folds.csv", ws / "hm", resume=False)
+    assert seen and all(has_maps and 0 < heat <= math.log(2) for has_maps, heat in seen)
+    assert math.isfinite(metrics["val_mae"])
+
+
+def test_heatmap_regulariser_needs_a_heatmap_model(tiny_workspace):
+    ws = tiny_workspace
+    cfg = load_config(None, TINY + ["model.preset=resnet50-fc", "train.heatmap_lambda=1.0"])
+    with pytest.raises(PipelineError, match="heatmap model"):
+        fit(cfg, 0, ws / "cache", ws / "folds.csv", ws / "hm_fc", resume=False)
