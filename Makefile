@@ -16,7 +16,10 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
+# make repro RECIPE=recipes/cpu.yaml: the recipe becomes params.yaml (git shows the change),
+# so dvc.lock, `dvc metrics show` and `dvc exp show` record what was run
 repro: venv
+	$(if $(RECIPE),cp $(RECIPE) params.yaml)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro
 
 test: venv
