@@ -291,7 +291,7 @@ def _score(pred, truth, eyes) -> dict[str, float]:
 
 def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device: torch.device,
                    batch_size: int = 64, use_dlib: bool = True) -> dict[str, Any]:
-    from pipeline.checkpoint import load_model
+    from pipeline.checkpoint import checkpoint_crop, load_model
     from pipeline.crop import crop_faces
     from pipeline.dataset import load_xml, read_image, safe_image_path
     from pipeline.predict import predict_original
@@ -315,8 +315,7 @@ def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device
     crops_by: dict[tuple, tuple] = {}
     for path in checkpoints:
         model, ckpt = load_model(path, device, schema=schema)
-        ccfg = ckpt.get("config", {}).get("crop", cfg["crop"])
-        key = (int(ccfg["size"]), float(ccfg["expand"]))
+        key = checkpoint_crop(ckpt, path)
         if key not in crops_by:
             crops_by[key] = crop_faces(test, data_dir, key[0], key[1], cfg["crop"]["n_jobs"], test_xml)
         crops, a = crops_by[key]

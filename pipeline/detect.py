@@ -182,24 +182,17 @@ def locate_faces(image: np.ndarray, max_faces: int = 0) -> tuple[np.ndarray, np.
     return haar_to_box(haar), haar
 
 
-def checkpoint_crop(ckpt: dict) -> tuple[int, float]:
-    """(crop.size, crop.expand) the checkpoint's model was trained on."""
-    from pipeline.config import DEFAULTS
-
-    crop = (ckpt.get("config") or {}).get("crop") or DEFAULTS["crop"]
-    return int(crop.get("size", DEFAULTS["crop"]["size"])), float(crop.get("expand", DEFAULTS["crop"]["expand"]))
-
-
-def load_models(checkpoints: Sequence[str | os.PathLike], device) -> list[tuple]:
-    """[(model, ckpt)] for every checkpoint; all must share the first one's schema."""
-    from pipeline.checkpoint import load_model
+def load_models(checkpoints: Sequence[str | os.PathLike], device, backend: str = "torch") -> list[tuple]:
+    """[(model, ckpt)] for every checkpoint (.pt, or an exported .onnx: see pipeline.backend);
+    all must share the first one's schema."""
+    from pipeline.backend import load_predictor
     from pipeline.schema import schema_from_dict
 
     if not checkpoints:
         raise PipelineError(None, "no --checkpoint given")
-    first_model, first = load_model(checkpoints[0], device)
+    first_model, first = load_predictor(checkpoints[0], backend, device)
     schema = schema_from_dict(first["schema"])
-    return [(first_model, first)] + [load_model(p, device, schema=schema) for p in checkpoints[1:]]
+    return [(first_model, first)] + [load_predictor(p, backend, device, schema=schema) for p in checkpoints[1:]]
 
 
 def predict_boxes(image: np.ndarray, boxes: np.ndarray, models: Sequence[tuple], tta: str = "flip",
@@ -209,6 +202,7 @@ def predict_boxes(image: np.ndarray, boxes: np.ndarray, models: Sequence[tuple],
     are mapped back through the crop transform and averaged over the models."""
     import torch
 
+    from pipeline.checkpoint import checkpoint_crop
     from pipeline.crop import crop_one, crop_transform
     from pipeline.predict import predict_original
 
@@ -237,7 +231,8 @@ def annotate(image: np.ndarray, boxes: np.ndarray, points: np.ndarray, schema) -
 
 
 def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir: str, tta: str = "flip",
-                      write_csv: bool = False, max_faces: int = 0, device_name: str = "auto") -> list[dict]:
+                      write_csv: bool = False, max_faces: int = 0, device_name: str = "auto",
+                      backend: str = "torch") -> list[dict]:
     from pipeline.dataset import read_image
     from pipeline.device import resolve_device
     from pipeline.schema import schema_from_dict
@@ -245,7 +240,7 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
 
     require_cascade()
     device = resolve_device(device_name)
-    models = load_models(checkpoints, device)
+    models = load_models(checkpoints, device, backend)
     schema = schema_from_dict(models[0][1]["schema"])
     out = Path(out_dir)
     results, rows, stems = [], [], set()
@@ -283,14 +278,16 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
 @click.command("predict-image")
 @click.argument("photos", nargs=-1, required=True)
 @click.option("--checkpoint", "checkpoints", multiple=True, required=True,
-              help="model checkpoint (repeatable: predictions are averaged)")
+              help="model checkpoint or exported .onnx (repeatable: predictions are averaged)")
 @click.option("--out-dir", default="out", show_default=True)
 @click.option("--tta", type=click.Choice(["flip", "none"]), default="flip", show_default=True)
 @click.option("--csv", "write_csv", is_flag=True, help="also write <out-dir>/keypoints.csv (one row per face)")
 @click.option("--max-faces", default=0, show_default=True, help="keep the largest N faces per photo (0: all)")
 @click.option("--device", default="auto", show_default=True)
-def predict_image_cmd(photos, checkpoints, out_dir, tta, write_csv, max_faces, device):
+@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
+              help="onnx: onnxruntime on the CPU (a .onnx --checkpoint always runs there)")
+def predict_image_cmd(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend):
     """Keypoints for any photo: Haar face detection, then crop -> model -> photo pixels.
     Writes <stem>_keypoints.png and <stem>_keypoints.json per photo."""
-    for r in run_predict_image(photos, checkpoints, out_dir, tta, write_csv, max_faces, device):
+    for r in run_predict_image(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend):
         click.echo(f"{r['image']}: {r['n_faces']} face(s)")

@@ -27,18 +27,19 @@ def _resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
     return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
 
 
-@torch.no_grad()
-def predict_crops(model: torch.nn.Module, faces: np.ndarray, *, input_size: int, in_chans: int,
+@torch.inference_mode()
+def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
                   flip_perm: Sequence[int] | None, batch_size: int = 64,
                   device: torch.device = torch.device("cpu"), amp: torch.dtype | None = None,
                   channels_last: bool = False, progress: bool = False) -> dict[str, np.ndarray]:
-    """Keypoints in crop pixels for uint8 faces (N, S, S, 3).
+    """Keypoints in crop pixels for uint8 faces (N, S, S, 3). `model` is a torch model or
+    any callable of the same contract (pipeline.backend: onnxruntime).
 
     Returns {"plain": (N, K, 2)} and, when flip_perm is given, also {"flip": ..., "tta": ...}:
     the prediction on the mirrored face, un-mirrored (x -> W-1-x, left/right indices swapped
-    back), and the mean of the two."""
-    from tqdm import tqdm
-
+    back), and the mean of the two. The faces and their mirrors go through the model as one
+    batch of 2B: one call instead of two, which at batch 1 (one face at a time) is most of
+    the TTA cost saved."""
     from pipeline.augment import input_to_crop
     from pipeline.data import faces_to_chw, normalize_batch
     from pipeline.device import autocast
@@ -50,15 +51,21 @@ def predict_crops(model: torch.nn.Module, faces: np.ndarray, *, input_size: int,
     if flip_perm is not None:
         outs["flip"] = []
     starts = range(0, len(faces), batch_size)
-    for s in tqdm(starts, desc="predict", unit="batch", disable=not progress, leave=False):
+    if progress:
+        from tqdm import tqdm
+
+        starts = tqdm(starts, desc="predict", unit="batch", leave=False)
+    for s in starts:
         x = faces_to_chw(faces[s:s + batch_size], in_chans).to(device, non_blocking=True)  # (B, C, S, S) uint8
         x = _resize_batch(normalize_batch(x, channels_last), input_size)  # (B, C, H, W) float
+        b = x.shape[0]
         with autocast(device, amp):
-            plain = model(x).float()  # (B, K, 2) input px
-            outs["plain"].append(plain.cpu().numpy())
-            if flip_perm is not None:
-                flipped = model(flip_images(x)).float()
-                outs["flip"].append(unflip_coords(flipped, input_size, flip_perm).cpu().numpy())
+            if flip_perm is None:
+                outs["plain"].append(model(x).float().cpu().numpy())  # (B, K, 2) input px
+            else:
+                both = model(torch.cat([x, flip_images(x)])).float()  # (2B, K, 2) input px
+                outs["plain"].append(both[:b].cpu().numpy())
+                outs["flip"].append(unflip_coords(both[b:], input_size, flip_perm).cpu().numpy())
     res = {k: input_to_crop(np.concatenate(v).astype(np.float64), cache_size, input_size)
            for k, v in outs.items()}
     if flip_perm is not None:
@@ -90,10 +97,11 @@ def fold_checkpoints(models_dir: str | os.PathLike, k: int, name: str) -> dict[i
     return {i: p for i, p in found.items() if p.exists()}
 
 
-def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out_dir: str) -> None:
+def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out_dir: str,
+                backend: str = "torch") -> None:
     import pandas as pd
 
-    from pipeline.checkpoint import load_model
+    from pipeline.backend import load_predictor
     from pipeline.config import write_resolved
     from pipeline.crop import load_cache
     from pipeline.device import resolve_device
@@ -111,8 +119,8 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     oof = {"tta": np.full((len(train), K, 2), np.nan), "plain": np.full((len(train), K, 2), np.nan)}
     per_fold = []
     for fold, path in sorted(ckpts.items()):
-        model, ckpt = load_model(path, device, schema=test.schema)
-        log.info("fold %d: %s (epoch %d)", fold, path, ckpt["epoch"])
+        model, ckpt = load_predictor(path, backend, device, schema=test.schema)
+        log.info("fold %d: %s (epoch %d, %s)", fold, path, ckpt["epoch"], backend)
         test_pred = predict_original(model, ckpt, test.faces, test.crop_to_orig, pcfg["tta"],
                                      pcfg["batch_size"], device, progress=True)
         per_fold.append(test_pred["final"])
@@ -135,9 +143,10 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
 
 
 def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.PathLike],
-                predict_cfg: dict, data_cfg: dict, crop_cfg: dict) -> np.ndarray:
+                predict_cfg: dict, data_cfg: dict, crop_cfg: dict, backend: str = "torch") -> np.ndarray:
     """Predict any test XML with any checkpoints: (N, K, 2) original pixels, fold-averaged."""
-    from pipeline.checkpoint import load_model
+    from pipeline.backend import load_predictor
+    from pipeline.checkpoint import checkpoint_crop
     from pipeline.crop import crop_faces
     from pipeline.dataset import load_xml
     from pipeline.device import resolve_device
@@ -151,9 +160,8 @@ def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.Path
     crops_by_geometry: dict[tuple, tuple] = {}  # each checkpoint's faces cropped as in its training
     preds = []
     for path in checkpoints:
-        model, ckpt = load_model(path, device, schema=schema)
-        geo = ckpt.get("crop") or {"size": crop_cfg["size"], "expand": crop_cfg["expand"]}
-        key = (int(geo["size"]), float(geo["expand"]))
+        model, ckpt = load_predictor(path, backend, device, schema=schema)
+        key = checkpoint_crop(ckpt, path)
         if key not in crops_by_geometry:
             crops_by_geometry[key] = crop_faces(faces, Path(xml_path).parent, key[0], key[1], crop_cfg["n_jobs"])
         crops, crop_to_orig = crops_by_geometry[key]
@@ -167,7 +175,9 @@ def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.Path
 @click.option("--folds", "folds_path", default="folds/folds.csv", show_default=True)
 @click.option("--models", "models_dir", default="models", show_default=True, help="folder of fold{K}/ checkpoints")
 @click.option("--out", "out_dir", default="predictions", show_default=True)
+@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
+              help="onnx: onnxruntime on the CPU (each fold's <name>.onnx if exported from it, else exported in memory)")
 @config_options
-def predict_cmd(cache, folds_path, models_dir, out_dir, cfg):
+def predict_cmd(cache, folds_path, models_dir, out_dir, backend, cfg):
     """Test predictions (fold ensemble, flip TTA) and out-of-fold predictions."""
-    run_predict(cfg, cache, folds_path, models_dir, out_dir)
+    run_predict(cfg, cache, folds_path, models_dir, out_dir, backend)
