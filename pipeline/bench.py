@@ -244,6 +244,52 @@ def bench_infer(preset: str, num_keypoints: int, flip_perm: Sequence[int], input
     return out
 
 
+def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces: np.ndarray | None = None,
+                 backends: Sequence[str] = ("torch-eager", "torch", "onnx")) -> dict[str, Any]:
+    """One face at a time on one core (batch 1, 1 thread), the full per-face path of
+    `predict_crops` (uint8 crop -> resize, normalise -> network -> crop px), plain and flip
+    TTA, for: the eager model as trained (torch-eager), the torch backend (BatchNorm folded)
+    and onnxruntime (in-memory export of the same weights; skipped when not installed)."""
+    from pipeline.backend import fuse_batchnorm
+    from pipeline.export import OnnxModel, onnx_available, onnx_bytes
+
+    cfg = meta["model_config"]
+    size, chans, perm = int(cfg["input_size"]), int(cfg["in_chans"]), list(meta["schema"]["flip"])
+    if faces is None:
+        faces = np.random.default_rng(0).integers(0, 256, (16, crop_size, crop_size, 3), dtype=np.uint8)
+    out: dict[str, Any] = {"input_size": size, "crop_size": int(faces.shape[1]), "threads": 1}
+    cpu = torch.device("cpu")
+    model = model.to(cpu).eval()
+    for name in backends:
+        if name == "onnx" and not onnx_available():
+            out[name] = {"skipped": "onnxruntime not installed (pip install 'pipeline[onnx]')"}
+            continue
+        with num_threads(1):
+            runner = (model if name == "torch-eager" else fuse_batchnorm(model) if name == "torch"
+                      else OnnxModel(onnx_bytes(model, size, chans), cfg, threads=1))
+            out[name] = {tta: _faces_per_s(runner, faces, input_size=size, in_chans=chans, flip_perm=p,
+                                           batch_size=1, device=cpu, min_time=min_time)
+                         for tta, p in (("plain", None), ("flip", perm))}
+    return out
+
+
+def bench_detectors(data_dir: Path, cfg: dict, limit: int | None = None) -> dict[str, Any]:
+    """Recall at IoU >= 0.5 of the test XML boxes, unmatched detections per photo and
+    photos/s (1 thread) of every installed face detector (pipeline.facedet)."""
+    from pipeline.facedet import DETECTORS, INSTALL, available, evaluate
+
+    xml = data_dir / cfg["data"]["test_xml"]
+    out: dict[str, Any] = {"xml": str(xml)}
+    for name in DETECTORS:
+        if not available(name):
+            out[name] = {"skipped": f"not installed ({INSTALL[name]})"}
+            continue
+        log.info("detector %s ...", name)
+        with num_threads(1):
+            out[name] = evaluate(xml, name, 0.5, limit)
+    return out
+
+
 # ------------------------------------------------------------------------------ accuracy
 
 def box_normalised(keypoints: np.ndarray, boxes: np.ndarray) -> np.ndarray:
@@ -377,9 +423,10 @@ def resolve_data_dir(data: str | None) -> Path | None:
 def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | None, input_size: int | None,
               data: str | None, checkpoints: Sequence[str], device_name: str, cache: str | None = None,
               infer_batch: int = 64, rounds: int = 2, min_time: float = 1.0, matmul_n: int = 2048,
-              use_dlib: bool = True, accuracy: bool = True) -> dict[str, Any]:
+              use_dlib: bool = True, accuracy: bool = True, detectors: bool = True) -> dict[str, Any]:
+    from pipeline.checkpoint import checkpoint_crop, load_model
     from pipeline.device import resolve_device
-    from pipeline.models import default_input_size
+    from pipeline.models import create_model, default_input_size
     from pipeline.schema import get_schema
 
     device = resolve_device(device_name)
@@ -429,14 +476,32 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
         res["infer"][preset] = bench_infer(preset, schema.k, schema.flip_perm, size_for(preset), mcfg["in_chans"],
                                            device, infer_batch, min_time, options_for(preset))
 
-    data_dir = resolve_data_dir(data) if accuracy else None
-    if data_dir is not None and (data_dir / cfg["data"]["solution"]).exists():
+    # one face at a time on one core: the first checkpoint, else the first preset untrained
+    if checkpoints:
+        model, meta = load_model(checkpoints[0], "cpu", schema=schema)
+        crop_size = checkpoint_crop(meta, checkpoints[0])[0]
+        res["batch1_model"] = str(checkpoints[0])
+    else:
+        torch.manual_seed(0)
+        model = create_model(presets[0], schema.k, in_chans=mcfg["in_chans"], input_size=size_for(presets[0]),
+                             **options_for(presets[0]))
+        meta, crop_size = {"model_config": model.config, "schema": schema.to_dict()}, cfg["crop"]["size"]
+        res["batch1_model"] = f"{presets[0]} (untrained)"
+    log.info("batch 1, one core: %s ...", res["batch1_model"])
+    res["batch1"] = bench_batch1(model, meta, crop_size, min_time)
+
+    data_dir = resolve_data_dir(data) if (accuracy or detectors) else None
+    if accuracy and data_dir is not None and (data_dir / cfg["data"]["solution"]).exists():
         log.info("accuracy on %s ...", data_dir)
         res["accuracy"] = bench_accuracy(data_dir, cfg, checkpoints, device, use_dlib=use_dlib)
     else:
-        if checkpoints:
+        if checkpoints and accuracy:
             raise PipelineError(data or DEFAULT_DATA, "checkpoints given but no data set with a solution.csv")
-        res["accuracy"] = {"skipped": "no data set with a solution (--data DIR)"}
+        res["accuracy"] = {"skipped": "no data set with a solution (--data DIR)" if accuracy else "--no-accuracy"}
+    if detectors and data_dir is not None and (data_dir / cfg["data"]["test_xml"]).exists():
+        res["detectors"] = bench_detectors(data_dir, cfg)
+    else:
+        res["detectors"] = {"skipped": "no data set with a test XML (--data DIR)" if detectors else "--no-detectors"}
     return res
 
 
@@ -477,7 +542,52 @@ def format_table(res: dict[str, Any]) -> str:
             fps1 = r.get("faces_per_s_1thread", float("nan"))
             label = name if len(name) <= 40 else "..." + name[-37:]
             lines.append(f"{label:<40} {r['mae']:>8.3f} {100 * r['nme']:>7.2f} {fps:>9.1f} {fps1:>13.1f}")
+    lines += [""] + format_batch1(res)
+    lines += [""] + format_detectors(res.get("detectors", {"skipped": "not run"}))
     return "\n".join(lines)
+
+
+def format_batch1(res: dict[str, Any]) -> list[str]:
+    b1 = res.get("batch1")
+    if not b1:
+        return []
+    dlib = res.get("accuracy", {}).get("dlib", {})
+    ref = dlib.get("faces_per_s_1thread") if isinstance(dlib, dict) else None
+    lines = [f"one face at a time, one core (batch 1, 1 thread; {res.get('batch1_model')}, crop {b1['crop_size']} px "
+             f"-> input {b1['input_size']} px): faces/s" + (", x dlib" if ref else ""),
+             f"{'backend':<40} {'plain':>9} {'flip TTA':>9}" + (f" {'plain/dlib':>10} {'flip/dlib':>10}" if ref else "")]
+    for name in ("torch-eager", "torch", "onnx"):
+        r = b1.get(name)
+        if r is None:
+            continue
+        if "skipped" in r:
+            lines.append(f"{name:<40} skipped: {r['skipped']}")
+            continue
+        row = f"{name:<40} {r['plain']:>9.1f} {r['flip']:>9.1f}"
+        if ref:
+            row += f" {r['plain'] / ref:>10.2f} {r['flip'] / ref:>10.2f}"
+        lines.append(row)
+    if ref:
+        lines.append(f"{'dlib 68-point predictor':<40} {ref:>9.1f}")
+    return lines
+
+
+def format_detectors(det: dict[str, Any]) -> list[str]:
+    if "skipped" in det:
+        return [f"face detectors: skipped ({det['skipped']})"]
+    lines = [f"face detectors on {det['xml']} (recall at IoU >= 0.5 of the converted boxes; unmatched detections "
+             "include real faces the XML does not label)",
+             f"{'detector':<44} {'recall':>7} {'unmatched/photo':>15} {'median IoU':>10} {'photos/s 1 thr':>14}"]
+    for name, r in det.items():
+        if not isinstance(r, dict):
+            continue
+        if "skipped" in r:
+            lines.append(f"{name:<44} skipped: {r['skipped']}")
+            continue
+        label = f"{name}: {r['detector']}"[:44]
+        lines.append(f"{label:<44} {100 * r['recall']:>6.1f}% {r['unmatched_per_photo']:>15.3f} "
+                     f"{r['median_iou']:>10.3f} {r['photos_per_s']:>14.1f}")
+    return lines
 
 
 def _csv(text: str | None) -> list[str]:
@@ -503,10 +613,11 @@ def _csv(text: str | None) -> list[str]:
 @click.option("--min-time", default=1.0, show_default=True, type=float, help="seconds per inference measurement")
 @click.option("--matmul-n", default=2048, show_default=True, type=click.IntRange(min=64))
 @click.option("--no-dlib", is_flag=True, help="skip dlib even when installed")
+@click.option("--no-detectors", is_flag=True, help="skip the face detector table")
 @click.option("--out", "out_path", default="bench.json", show_default=True)
 @config_options
 def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache, data, no_accuracy, checkpoints,
-              more_checkpoints, device, threads, min_time, matmul_n, no_dlib, out_path, cfg):
+              more_checkpoints, device, threads, min_time, matmul_n, no_dlib, no_detectors, out_path, cfg):
     """Training and inference speed, compute efficiency and accuracy in one run."""
     from pipeline.io import write_json
     from pipeline.models import list_presets
@@ -520,7 +631,7 @@ def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache
     if threads is not None:
         torch.set_num_threads(threads)
     res = run_bench(cfg, names, steps, batch_size, input_size, data, [*checkpoints, *more_checkpoints], device,
-                    cache, infer_batch, rounds, min_time, matmul_n, not no_dlib, not no_accuracy)
+                    cache, infer_batch, rounds, min_time, matmul_n, not no_dlib, not no_accuracy, not no_detectors)
     write_json(out_path, res)
     click.echo(format_table(res))
     click.echo(f"\nwrote {out_path}")

@@ -137,8 +137,7 @@ def test_predict_image_uses_the_checkpoint_crop_and_runs_from_onnx(trained, expo
     photo = demo_dir / row.image
     box = np.array([[row.box_left, row.box_top, row.box_width, row.box_height]], dtype=np.float64)
     # the detector is not under test here: it returns the face's own box
-    monkeypatch.setattr(detect, "locate_faces", lambda image, max_faces=0: (box, box))
-    monkeypatch.setattr(detect, "require_cascade", lambda: None)
+    monkeypatch.setattr(detect, "locate_faces", lambda image, max_faces=0, detector=None: (box, box))
     image = read_image(photo)
     model, ckpt = load_model(trained, "cpu")
 
