@@ -248,9 +248,10 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
                  backends: Sequence[str] = ("torch-eager", "torch", "onnx")) -> dict[str, Any]:
     """One face at a time on one core (batch 1, 1 thread), the full per-face path of
     `predict_crops` (uint8 crop -> resize, normalise -> network -> crop px), plain and flip
-    TTA, for: the eager model as trained (torch-eager), the torch backend (BatchNorm folded)
+    TTA, for: the eager model as trained (torch-eager), the torch backend (BatchNorm folded,
+    channels_last)
     and onnxruntime (in-memory export of the same weights; skipped when not installed)."""
-    from pipeline.backend import fuse_batchnorm
+    from pipeline.backend import prepare_torch
     from pipeline.export import OnnxModel, onnx_available, onnx_bytes
 
     cfg = meta["model_config"]
@@ -265,7 +266,7 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
             out[name] = {"skipped": "onnxruntime not installed (pip install 'pipeline[onnx]')"}
             continue
         with num_threads(1):
-            runner = (model if name == "torch-eager" else fuse_batchnorm(model) if name == "torch"
+            runner = (model if name == "torch-eager" else prepare_torch(model) if name == "torch"
                       else OnnxModel(onnx_bytes(model, size, chans), cfg, threads=1))
             out[name] = {tta: _faces_per_s(runner, faces, input_size=size, in_chans=chans, flip_perm=p,
                                            batch_size=1, device=cpu, min_time=min_time)
