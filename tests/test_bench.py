@@ -70,6 +70,8 @@ def test_bench_tiny_has_every_figure(tmp_path, demo_dir, tiny_checkpoint, monkey
     for name in ("torch-eager", "torch", "onnx"):
         r = res["batch1"][name]
         assert ("skipped" in r and name == "onnx") or (_positive(r["plain"]) and _positive(r["flip"])), (name, r)
+    assert "skipped" in res["batch1"]["dlib"] or _positive(res["batch1"]["dlib"]["plain"])
+    assert res["batch1"]["faces"] == 8 and res["batch1"]["crop_size"] == 32  # the demo test faces, cropped
     # face detectors on the demo test photos: each installed one measured, the others noted
     det = res["detectors"]
     for name in ("mtcnn", "dlib", "haar"):
