@@ -195,3 +195,17 @@ def test_bad_exports_are_one_line_errors(exported, tmp_path, capsys):
     assert run(["export", tmp_path / "missing.pt", "--out", tmp_path / "x.onnx"]) == 2
     assert "checkpoint not found" in capsys.readouterr().err
     assert not (tmp_path / "x.onnx").exists()
+
+
+@pytest.mark.parametrize("src,dst", [(96, 64), (64, 96), (32, 64), (128, 96)])
+def test_matmul_resize_is_the_antialiased_interpolate(src, dst):
+    # predict's cache -> input resize runs as R @ X @ R.T (cheaper at batch 1); it must stay
+    # the filter the models were validated with
+    import torch.nn.functional as F
+
+    from pipeline.predict import _resize_batch
+
+    x = torch.rand(2, 3, src, src, generator=torch.Generator().manual_seed(0)) * 4 - 2
+    ref = F.interpolate(x, size=(dst, dst), mode="bilinear", align_corners=False, antialias=True)
+    assert (_resize_batch(x, dst) - ref).abs().max() < 1e-4
+    assert (_resize_batch(x.contiguous(memory_format=torch.channels_last), dst) - ref).abs().max() < 1e-4
