@@ -246,19 +246,21 @@ def bench_infer(preset: str, num_keypoints: int, flip_perm: Sequence[int], input
 
 def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces: np.ndarray | None = None,
                  expand: float = 1.25, use_dlib: bool = True, rounds: int = 3,
-                 backends: Sequence[str] = ("torch-eager", "torch", "onnx")) -> dict[str, Any]:
+                 backends: Sequence[str] = ("torch-eager", "torch", "onnx", "onnx-int8")) -> dict[str, Any]:
     """One face at a time on one core (batch 1, 1 thread), the full per-face path of
     `predict_crops` (uint8 crop -> resize, normalise -> network -> crop px), plain and flip
     TTA, for: the eager model as trained (torch-eager), the torch backend (BatchNorm folded,
-    channels_last) and onnxruntime (in-memory export of the same weights; skipped when not
-    installed); beside dlib's 68-point predictor on the same crops (its box: the face box
+    channels_last), onnxruntime (in-memory export of the same weights; skipped when not
+    installed) and onnxruntime int8 (`export --int8`, calibrated here on the timed crops:
+    a speed figure; its accuracy comes from scoring an exported model in the accuracy
+    section); beside dlib's 68-point predictor on the same crops (its box: the face box
     inside the crop). Neither side times decoding or cropping.
 
     Every method runs `rounds` times in alternation for min_time / rounds seconds each and
     keeps its best round, so on a shared machine all of them see the same background load
     and the ratios to dlib hold even when the absolute figures do not."""
     from pipeline.backend import prepare_torch
-    from pipeline.export import OnnxModel, onnx_available, onnx_bytes
+    from pipeline.export import OnnxModel, network_inputs, onnx_available, onnx_bytes, quantize_int8
     from pipeline.predict import predict_crops
 
     cfg = meta["model_config"]
@@ -272,11 +274,18 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
     methods: dict[str, Any] = {}  # name -> fn(face index)
     with num_threads(1):
         for name in backends:
-            if name == "onnx" and not onnx_available():
+            if name.startswith("onnx") and not onnx_available():
                 out[name] = {"skipped": "onnxruntime not installed (pip install 'pipeline[onnx]')"}
                 continue
-            runner = (model if name == "torch-eager" else prepare_torch(model) if name == "torch"
-                      else OnnxModel(onnx_bytes(model, size, chans), cfg, threads=1))
+            if name == "torch-eager":
+                runner = model
+            elif name == "torch":
+                runner = prepare_torch(model)
+            else:
+                data = onnx_bytes(model, size, chans)
+                if name == "onnx-int8":
+                    data = quantize_int8(data, network_inputs(faces, size, chans))
+                runner = OnnxModel(data, cfg, threads=1)
             for tta, p in (("plain", None), ("flip", perm)):
                 methods[f"{name}/{tta}"] = (lambda i, r=runner, p=p: predict_crops(
                     r, faces[i:i + 1], input_size=size, in_chans=chans, flip_perm=p, batch_size=1, device=cpu))
@@ -389,7 +398,8 @@ def _score(pred, truth, eyes) -> dict[str, float]:
 
 def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device: torch.device,
                    batch_size: int = 64, use_dlib: bool = True) -> dict[str, Any]:
-    from pipeline.checkpoint import checkpoint_crop, load_model
+    from pipeline.backend import load_predictor
+    from pipeline.checkpoint import checkpoint_crop
     from pipeline.crop import crop_faces
     from pipeline.dataset import load_xml, read_image, safe_image_path
     from pipeline.predict import predict_original
@@ -412,7 +422,7 @@ def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device
 
     crops_by: dict[tuple, tuple] = {}
     for path in checkpoints:
-        model, ckpt = load_model(path, device, schema=schema)
+        model, ckpt = load_predictor(path, None, device, schema=schema)  # an exported .onnx runs on onnxruntime
         key = checkpoint_crop(ckpt, path)
         if key not in crops_by:
             crops_by[key] = crop_faces(test, data_dir, key[0], key[1], cfg["crop"]["n_jobs"], test_xml)
@@ -528,11 +538,12 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
         res["infer"][preset] = bench_infer(preset, schema.k, schema.flip_perm, size_for(preset), mcfg["in_chans"],
                                            device, infer_batch, min_time, options_for(preset))
 
-    # one face at a time on one core: the first checkpoint, else the first preset untrained
-    if checkpoints:
-        model, meta = load_model(checkpoints[0], "cpu", schema=schema)
-        crop_size = checkpoint_crop(meta, checkpoints[0])[0]
-        res["batch1_model"] = str(checkpoints[0])
+    # one face at a time on one core: the first .pt checkpoint, else the first preset untrained
+    pts = [c for c in checkpoints if Path(c).suffix != ".onnx"]
+    if pts:
+        model, meta = load_model(pts[0], "cpu", schema=schema)
+        crop_size = checkpoint_crop(meta, pts[0])[0]
+        res["batch1_model"] = str(pts[0])
     else:
         torch.manual_seed(0)
         model = create_model(presets[0], schema.k, in_chans=mcfg["in_chans"], input_size=size_for(presets[0]),
@@ -610,7 +621,7 @@ def format_batch1(res: dict[str, Any]) -> list[str]:
              f"{b1['crop_size']} px -> input {b1['input_size']} px; best of {b1['rounds']} alternating rounds): "
              "faces/s" + (", x dlib" if ref else ""),
              f"{'backend':<40} {'plain':>9} {'flip TTA':>9}" + (f" {'plain/dlib':>10} {'flip/dlib':>10}" if ref else "")]
-    for name in ("torch-eager", "torch", "onnx"):
+    for name in ("torch-eager", "torch", "onnx", "onnx-int8"):
         r = b1.get(name)
         if r is None:
             continue

@@ -209,3 +209,24 @@ def test_matmul_resize_is_the_antialiased_interpolate(src, dst):
     ref = F.interpolate(x, size=(dst, dst), mode="bilinear", align_corners=False, antialias=True)
     assert (_resize_batch(x, dst) - ref).abs().max() < 1e-4
     assert (_resize_batch(x.contiguous(memory_format=torch.channels_last), dst) - ref).abs().max() < 1e-4
+
+
+def test_int8_export_is_close_to_fp32(trained, tiny_workspace, tmp_path):
+    from pipeline.backend import load_predictor
+    from pipeline.crop import load_cache
+
+    out = tmp_path / "q.onnx"
+    assert run(["export", trained, "--out", out, "--int8", "--calibration", tiny_workspace / "cache" / "train"]) == 0
+    meta = json.loads(out.with_suffix(".json").read_text())
+    assert meta["precision"] == "int8" and "cache" in meta["quantization"]["calibration"]
+    import onnx
+
+    ops = {n.op_type for n in onnx.load(str(out)).graph.node}
+    assert "QuantizeLinear" in ops and "Softmax" in ops  # convs quantized, soft-argmax float
+    faces = np.array(load_cache(tiny_workspace / "cache" / "test").faces)
+    kw = dict(input_size=32, in_chans=3, flip_perm=IBUG68.flip_perm)
+    ref = predict_crops(load_model(trained, "cpu")[0], faces, **kw)["tta"]
+    got = predict_crops(load_predictor(out)[0], faces, **kw)["tta"]
+    assert np.isfinite(got).all() and np.abs(got - ref).mean() < 0.5  # px in a 32 px crop
+    # a cache of another crop size cannot calibrate this model
+    assert run(["export", trained, "--out", tmp_path / "r.onnx", "--int8", "--calibration", tmp_path]) == 2
