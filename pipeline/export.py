@@ -12,6 +12,7 @@ Contract of the exported graph (same as `model(x)` in docs/design.md):
                    (u8 / 255 - mean) / std, H = W = input_size
   output "coords": float32 (B, K, 2) x then y in input pixels, pixel centres at integers
   output "probs":  float32 (B, K, h, w) soft-argmax probabilities (heatmap models only)
+`--int8` quantizes the convolutions (onnxruntime static QDQ), same inputs and outputs.
 A face is cropped from the photo with the checkpoint's crop geometry (`crop_transform(box,
 expand, size)`), resized size -> input_size with antialiased bilinear (align_corners=False),
 and the coordinates map back to the crop as x_crop = (x + 0.5) * size / input_size - 0.5."""

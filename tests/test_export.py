@@ -230,3 +230,19 @@ def test_int8_export_is_close_to_fp32(trained, tiny_workspace, tmp_path):
     assert np.isfinite(got).all() and np.abs(got - ref).mean() < 0.5  # px in a 32 px crop
     # a cache of another crop size cannot calibrate this model
     assert run(["export", trained, "--out", tmp_path / "r.onnx", "--int8", "--calibration", tmp_path]) == 2
+
+
+@pytest.mark.realdata
+def test_torch_and_onnxruntime_agree_on_the_shared_test_crops(exported, trained, real_dir):
+    from pipeline.backend import load_predictor
+    from pipeline.crop import crop_faces
+    from pipeline.dataset import load_xml
+
+    xml = real_dir / "labels_ibug_300W_test_parsed.xml"
+    faces = load_xml(xml, IBUG68, require_parts=False)
+    crops, _ = crop_faces(faces, real_dir, 32, 1.25, 1, xml)  # the checkpoint's geometry
+    kw = dict(input_size=32, in_chans=3, flip_perm=IBUG68.flip_perm)
+    ref = predict_crops(load_model(trained, "cpu")[0], crops, **kw)
+    got = predict_crops(load_predictor(exported)[0], crops, **kw)
+    for k in ("plain", "tta"):
+        assert np.abs(got[k] - ref[k]).max() < 0.01, k
