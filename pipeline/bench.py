@@ -431,6 +431,9 @@ def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device
         predict_original(model, ckpt, crops[:2], a[:2], tta, batch_size, device)  # warm-up
         res = {}
         for nt, tag in ((None, ""), (1, "_1thread")):
+            if nt is not None and Path(path).suffix == ".onnx":  # an onnxruntime session fixes its threads
+                model = load_predictor(path, None, device, schema=schema, threads=nt)[0]
+                predict_original(model, ckpt, crops[:2], a[:2], tta, batch_size, device)  # warm-up
             with num_threads(nt):
                 _sync(device)
                 t0 = time.perf_counter()

@@ -250,11 +250,18 @@ def quantize_int8(data: bytes, calib: np.ndarray) -> bytes:
     with tempfile.TemporaryDirectory(prefix="export-int8-") as d:
         fp32, pre, q = Path(d) / "fp32.onnx", Path(d) / "pre.onnx", Path(d) / "int8.onnx"
         fp32.write_bytes(data)
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            quant_pre_process(str(fp32), str(pre))
-            quantize_static(str(pre), str(q), Reader(), quant_format=QuantFormat.QDQ, op_types_to_quantize=["Conv"],
-                            per_channel=True, activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        quiet = logging.getLogger("onnxruntime")  # its shape inference logs at INFO on the root handler
+        level = quiet.level
+        quiet.setLevel(logging.ERROR)
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                quant_pre_process(str(fp32), str(pre))
+                quantize_static(str(pre), str(q), Reader(), quant_format=QuantFormat.QDQ,
+                                op_types_to_quantize=["Conv"], per_channel=True,
+                                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)
+        finally:
+            quiet.setLevel(level)
         return q.read_bytes()
 
 
