@@ -264,7 +264,7 @@ def morph_frames(a: np.ndarray, b: np.ndarray, pa: np.ndarray, pb: np.ndarray, n
 def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, split: str, size: int,
                expand: float, data_dir: str | None, device) -> tuple[np.ndarray, np.ndarray, str]:
     """(face frame (size, size, 3) RGB, its keypoints (K, 2) frame px, description) for a
-    photo path (largest Haar face) or an index into the cache split (its photo and box)."""
+    photo path (largest detected face) or an index into the cache split (its photo and box)."""
     from pipeline.crop import DEMO_DIR, crop_one, crop_transform, load_cache, to_crop
     from pipeline.dataset import read_image
     from pipeline.detect import locate_faces, predict_boxes

@@ -332,7 +332,7 @@ def _is_index(text: str) -> bool:
 
 def face_from_source(source: str, ckpt: dict, cache_dir: str, split: str = "test"):
     """The network's view of a face: (crop RGB uint8 (S, S, 3), description). `source` is an
-    integer index into the cache split, or a photo path (the largest Haar face is used)."""
+    integer index into the cache split, or a photo path (the largest detected face is used)."""
     from pipeline.crop import crop_one, crop_transform, load_cache
     from pipeline.dataset import read_image
 
