@@ -12,7 +12,13 @@ Sections (each figure lands in the JSON under the same names):
   (torch.matmul of 2048x2048 fp32, best of a few reps; on CUDA bf16 too).
 * infer/<preset>: faces/s of `predict_crops` (uint8 crops -> coordinates) with and without
   flip TTA, batch 1 and batched, with the default thread count and with 1 thread.
-* accuracy (data set with a solution.csv): MAE / NME / faces/s of the given checkpoints,
+* batch1: one face at a time on one core, the first checkpoint through every inference
+  backend (eager torch, the torch backend, onnxruntime fp32 and int8) beside dlib's
+  predictor on the same crops, in alternating rounds (`bench_batch1`).
+* detectors (data set with a test XML): recall / unmatched detections per photo / photos/s
+  of every installed face detector (`bench_detectors`, pipeline/facedet.py).
+* accuracy (data set with a solution.csv): MAE / NME / faces/s of the given checkpoints
+  (exported .onnx models too),
   of the mean-shape-in-box baseline (mean training shape in box-normalised coordinates,
   placed into each test box) and of dlib's 68-point shape predictor when installed
   (`pip install 'pipeline[dlib]'`).

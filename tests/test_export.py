@@ -246,3 +246,25 @@ def test_torch_and_onnxruntime_agree_on_the_shared_test_crops(exported, trained,
     got = predict_crops(load_predictor(exported)[0], crops, **kw)
     for k in ("plain", "tta"):
         assert np.abs(got[k] - ref[k]).max() < 0.01, k
+
+
+def test_onnx_backend_uses_the_exported_twin_only_when_it_matches(trained, tmp_path, caplog):
+    import logging
+    import shutil
+
+    from pipeline.backend import load_predictor
+
+    pt = tmp_path / "best.pt"
+    shutil.copy(trained, pt)
+    assert run(["export", pt, "--no-verify"]) == 0  # -> best.onnx + best.json beside it
+    assert (tmp_path / "best.onnx").is_file() and (tmp_path / "best.json").is_file()
+    with caplog.at_level(logging.INFO, logger="pipeline.backend"):
+        load_predictor(pt, "onnx")
+    assert "exported from best.pt" in caplog.text
+    caplog.clear()
+    ckpt = torch.load(pt, weights_only=True)
+    ckpt["epoch"] += 1  # another checkpoint under the same name: the twin is stale
+    torch.save(ckpt, pt)
+    with caplog.at_level(logging.INFO, logger="pipeline.backend"):
+        model, meta = load_predictor(pt, "onnx")
+    assert "exported from another checkpoint" in caplog.text and meta["epoch"] == ckpt["epoch"]
