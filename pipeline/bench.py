@@ -12,7 +12,13 @@ Sections (each figure lands in the JSON under the same names):
   (torch.matmul of 2048x2048 fp32, best of a few reps; on CUDA bf16 too).
 * infer/<preset>: faces/s of `predict_crops` (uint8 crops -> coordinates) with and without
   flip TTA, batch 1 and batched, with the default thread count and with 1 thread.
-* accuracy (data set with a solution.csv): MAE / NME / faces/s of the given checkpoints,
+* batch1: one face at a time on one core, the first checkpoint through every inference
+  backend (eager torch, the torch backend, onnxruntime fp32 and int8) beside dlib's
+  predictor on the same crops, in alternating rounds (`bench_batch1`).
+* detectors (data set with a test XML): recall / unmatched detections per photo / photos/s
+  of every installed face detector (`bench_detectors`, pipeline/facedet.py).
+* accuracy (data set with a solution.csv): MAE / NME / faces/s of the given checkpoints
+  (exported .onnx models too),
   of the mean-shape-in-box baseline (mean training shape in box-normalised coordinates,
   placed into each test box) and of dlib's 68-point shape predictor when installed
   (`pip install 'pipeline[dlib]'`).
@@ -244,6 +250,113 @@ def bench_infer(preset: str, num_keypoints: int, flip_perm: Sequence[int], input
     return out
 
 
+def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces: np.ndarray | None = None,
+                 expand: float = 1.25, use_dlib: bool = True, rounds: int = 3,
+                 backends: Sequence[str] = ("torch-eager", "torch", "onnx", "onnx-int8")) -> dict[str, Any]:
+    """One face at a time on one core (batch 1, 1 thread), the full per-face path of
+    `predict_crops` (uint8 crop -> resize, normalise -> network -> crop px), plain and flip
+    TTA, for: the eager model as trained (torch-eager), the torch backend (BatchNorm folded,
+    channels_last), onnxruntime (in-memory export of the same weights; skipped when not
+    installed) and onnxruntime int8 (`export --int8`, calibrated here on the timed crops:
+    a speed figure; its accuracy comes from scoring an exported model in the accuracy
+    section); beside dlib's 68-point predictor on the same crops (its box: the face box
+    inside the crop). Neither side times decoding or cropping.
+
+    Every method runs `rounds` times in alternation for min_time / rounds seconds each and
+    keeps its best round, so on a shared machine all of them see the same background load
+    and the ratios to dlib hold even when the absolute figures do not."""
+    from pipeline.backend import prepare_torch
+    from pipeline.export import OnnxModel, network_inputs, onnx_available, onnx_bytes, quantize_int8
+    from pipeline.predict import predict_crops
+
+    cfg = meta["model_config"]
+    size, chans, perm = int(cfg["input_size"]), int(cfg["in_chans"]), list(meta["schema"]["flip"])
+    if faces is None:
+        faces = np.random.default_rng(0).integers(0, 256, (16, crop_size, crop_size, 3), dtype=np.uint8)
+    out: dict[str, Any] = {"input_size": size, "crop_size": int(faces.shape[1]), "threads": 1,
+                           "faces": len(faces), "rounds": rounds}
+    cpu = torch.device("cpu")
+    model = model.to(cpu).eval()
+    methods: dict[str, Any] = {}  # name -> fn(face index)
+    with num_threads(1):
+        for name in backends:
+            if name.startswith("onnx") and not onnx_available():
+                out[name] = {"skipped": "onnxruntime not installed (pip install 'pipeline[onnx]')"}
+                continue
+            if name == "torch-eager":
+                runner = model
+            elif name == "torch":
+                runner = prepare_torch(model)
+            else:
+                data = onnx_bytes(model, size, chans)
+                if name == "onnx-int8":
+                    data = quantize_int8(data, network_inputs(faces, size, chans))
+                runner = OnnxModel(data, cfg, threads=1)
+            for tta, p in (("plain", None), ("flip", perm)):
+                methods[f"{name}/{tta}"] = (lambda i, r=runner, p=p: predict_crops(
+                    r, faces[i:i + 1], input_size=size, in_chans=chans, flip_perm=p, batch_size=1, device=cpu))
+        if use_dlib:
+            try:
+                dlib, predictor = dlib_predictor()
+            except ImportError as e:
+                out["dlib"] = {"skipped": f"dlib not installed ({e}); pip install 'pipeline[dlib]'"}
+            else:
+                s = faces.shape[1]
+                lo, hi = round(s / 2 - s / expand / 2), round(s / 2 + s / expand / 2) - 1  # the box in the crop
+                rect = dlib.rectangle(lo, lo, hi, hi)
+                crops = [np.ascontiguousarray(f) for f in faces]
+                methods["dlib/plain"] = lambda i: predictor(crops[i], rect)
+        best = {k: 0.0 for k in methods}
+        for fn in methods.values():
+            fn(0)  # warm-up (first-call allocations, lazy initialisation)
+        for _ in range(rounds):
+            for name, fn in methods.items():
+                n, t0 = 0, time.perf_counter()
+                while True:
+                    fn(n % len(faces))
+                    n += 1
+                    dt = time.perf_counter() - t0
+                    if dt >= min_time / rounds:
+                        break
+                best[name] = max(best[name], n / dt)
+    for key, v in best.items():
+        name, tta = key.split("/")
+        out.setdefault(name, {})[tta] = v
+    return out
+
+
+def _test_crops(data_dir: Path | None, cfg: dict, meta: dict, n: int = 32) -> np.ndarray | None:
+    """Up to n test faces of the data set, cropped at the model's crop geometry (None: no data)."""
+    from pipeline.checkpoint import checkpoint_crop
+    from pipeline.crop import crop_faces
+    from pipeline.dataset import load_xml
+    from pipeline.schema import get_schema
+
+    if data_dir is None or not (data_dir / cfg["data"]["test_xml"]).exists():
+        return None
+    xml = data_dir / cfg["data"]["test_xml"]
+    faces = load_xml(xml, get_schema(dict(cfg["data"], dir=str(data_dir))), require_parts=False)[:n]
+    size, expand = checkpoint_crop(meta)
+    return crop_faces(faces, data_dir, size, expand, 1, xml)[0]
+
+
+def bench_detectors(data_dir: Path, cfg: dict, limit: int | None = None) -> dict[str, Any]:
+    """Recall at IoU >= 0.5 of the test XML boxes, unmatched detections per photo and
+    photos/s (1 thread) of every installed face detector (pipeline.facedet)."""
+    from pipeline.facedet import DETECTORS, INSTALL, available, evaluate
+
+    xml = data_dir / cfg["data"]["test_xml"]
+    out: dict[str, Any] = {"xml": str(xml)}
+    for name in DETECTORS:
+        if not available(name):
+            out[name] = {"skipped": f"not installed ({INSTALL[name]})"}
+            continue
+        log.info("detector %s ...", name)
+        with num_threads(1):
+            out[name] = evaluate(xml, name, 0.5, limit)
+    return out
+
+
 # ------------------------------------------------------------------------------ accuracy
 
 def box_normalised(keypoints: np.ndarray, boxes: np.ndarray) -> np.ndarray:
@@ -291,7 +404,8 @@ def _score(pred, truth, eyes) -> dict[str, float]:
 
 def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device: torch.device,
                    batch_size: int = 64, use_dlib: bool = True) -> dict[str, Any]:
-    from pipeline.checkpoint import load_model
+    from pipeline.backend import load_predictor
+    from pipeline.checkpoint import checkpoint_crop
     from pipeline.crop import crop_faces
     from pipeline.dataset import load_xml, read_image, safe_image_path
     from pipeline.predict import predict_original
@@ -314,9 +428,8 @@ def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device
 
     crops_by: dict[tuple, tuple] = {}
     for path in checkpoints:
-        model, ckpt = load_model(path, device, schema=schema)
-        ccfg = ckpt.get("config", {}).get("crop", cfg["crop"])
-        key = (int(ccfg["side"]), float(ccfg["expand"]))
+        model, ckpt = load_predictor(path, None, device, schema=schema)  # an exported .onnx runs on onnxruntime
+        key = checkpoint_crop(ckpt, path)
         if key not in crops_by:
             crops_by[key] = crop_faces(test, data_dir, key[0], key[1], cfg["crop"]["n_jobs"], test_xml)
         crops, a = crops_by[key]
@@ -324,6 +437,9 @@ def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device
         predict_original(model, ckpt, crops[:2], a[:2], tta, batch_size, device)  # warm-up
         res = {}
         for nt, tag in ((None, ""), (1, "_1thread")):
+            if nt is not None and Path(path).suffix == ".onnx":  # an onnxruntime session fixes its threads
+                model = load_predictor(path, None, device, schema=schema, threads=nt)[0]
+                predict_original(model, ckpt, crops[:2], a[:2], tta, batch_size, device)  # warm-up
             with num_threads(nt):
                 _sync(device)
                 t0 = time.perf_counter()
@@ -378,9 +494,10 @@ def resolve_data_dir(data: str | None) -> Path | None:
 def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | None, input_size: int | None,
               data: str | None, checkpoints: Sequence[str], device_name: str, cache: str | None = None,
               infer_batch: int = 64, rounds: int = 2, min_time: float = 1.0, matmul_n: int = 2048,
-              use_dlib: bool = True, accuracy: bool = True) -> dict[str, Any]:
+              use_dlib: bool = True, accuracy: bool = True, detectors: bool = True) -> dict[str, Any]:
+    from pipeline.checkpoint import checkpoint_crop, load_model
     from pipeline.device import resolve_device
-    from pipeline.models import default_input_size
+    from pipeline.models import create_model, default_input_size
     from pipeline.schema import get_schema
 
     device = resolve_device(device_name)
@@ -430,14 +547,35 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
         res["infer"][preset] = bench_infer(preset, schema.k, schema.flip_perm, size_for(preset), mcfg["in_chans"],
                                            device, infer_batch, min_time, options_for(preset))
 
-    data_dir = resolve_data_dir(data) if accuracy else None
-    if data_dir is not None and (data_dir / cfg["data"]["solution"]).exists():
+    # one face at a time on one core: the first .pt checkpoint, else the first preset untrained
+    pts = [c for c in checkpoints if Path(c).suffix != ".onnx"]
+    if pts:
+        model, meta = load_model(pts[0], "cpu", schema=schema)
+        crop_size = checkpoint_crop(meta, pts[0])[0]
+        res["batch1_model"] = str(pts[0])
+    else:
+        torch.manual_seed(0)
+        model = create_model(presets[0], schema.k, in_chans=mcfg["in_chans"], input_size=size_for(presets[0]),
+                             **options_for(presets[0]))
+        meta, crop_size = {"model_config": model.config, "schema": schema.to_dict()}, cfg["crop"]["side"]
+        res["batch1_model"] = f"{presets[0]} (untrained)"
+    log.info("batch 1, one core: %s ...", res["batch1_model"])
+    res["batch1"] = bench_batch1(model, meta, crop_size, max(min_time, 0.01) * 3, use_dlib=use_dlib,
+                                 faces=_test_crops(resolve_data_dir(data) if accuracy else None, cfg, meta),
+                                 expand=checkpoint_crop(meta)[1])
+
+    data_dir = resolve_data_dir(data) if (accuracy or detectors) else None
+    if accuracy and data_dir is not None and (data_dir / cfg["data"]["solution"]).exists():
         log.info("accuracy on %s ...", data_dir)
         res["accuracy"] = bench_accuracy(data_dir, cfg, checkpoints, device, use_dlib=use_dlib)
     else:
-        if checkpoints:
+        if checkpoints and accuracy:
             raise PipelineError(data or DEFAULT_DATA, "checkpoints given but no data set with a solution.csv")
-        res["accuracy"] = {"skipped": "no data set with a solution (--data DIR)"}
+        res["accuracy"] = {"skipped": "no data set with a solution (--data DIR)" if accuracy else "--no-accuracy"}
+    if detectors and data_dir is not None and (data_dir / cfg["data"]["test_xml"]).exists():
+        res["detectors"] = bench_detectors(data_dir, cfg)
+    else:
+        res["detectors"] = {"skipped": "no data set with a test XML (--data DIR)" if detectors else "--no-detectors"}
     return res
 
 
@@ -478,7 +616,54 @@ def format_table(res: dict[str, Any]) -> str:
             fps1 = r.get("faces_per_s_1thread", float("nan"))
             label = name if len(name) <= 40 else "..." + name[-37:]
             lines.append(f"{label:<40} {r['mae']:>8.3f} {100 * r['nme']:>7.2f} {fps:>9.1f} {fps1:>13.1f}")
+    lines += [""] + format_batch1(res)
+    lines += [""] + format_detectors(res.get("detectors", {"skipped": "not run"}))
     return "\n".join(lines)
+
+
+def format_batch1(res: dict[str, Any]) -> list[str]:
+    b1 = res.get("batch1")
+    if not b1:
+        return []
+    ref = b1.get("dlib", {}).get("plain")
+    lines = [f"one face at a time, one core (batch 1, 1 thread; {res.get('batch1_model')}; {b1['faces']} crops of "
+             f"{b1['crop_size']} px -> input {b1['input_size']} px; best of {b1['rounds']} alternating rounds): "
+             "faces/s" + (", x dlib" if ref else ""),
+             f"{'backend':<40} {'plain':>9} {'flip TTA':>9}" + (f" {'plain/dlib':>10} {'flip/dlib':>10}" if ref else "")]
+    for name in ("torch-eager", "torch", "onnx", "onnx-int8"):
+        r = b1.get(name)
+        if r is None:
+            continue
+        if "skipped" in r:
+            lines.append(f"{name:<40} skipped: {r['skipped']}")
+            continue
+        row = f"{name:<40} {r['plain']:>9.1f} {r['flip']:>9.1f}"
+        if ref:
+            row += f" {r['plain'] / ref:>10.2f} {r['flip'] / ref:>10.2f}"
+        lines.append(row)
+    if ref:
+        lines.append(f"{'dlib 68-point predictor (same crops)':<40} {ref:>9.1f}")
+    elif "dlib" in b1:
+        lines.append(f"{'dlib':<40} skipped: {b1['dlib']['skipped']}")
+    return lines
+
+
+def format_detectors(det: dict[str, Any]) -> list[str]:
+    if "skipped" in det:
+        return [f"face detectors: skipped ({det['skipped']})"]
+    lines = [f"face detectors on {det['xml']} (recall at IoU >= 0.5 of the converted boxes; unmatched detections "
+             "include real faces the XML does not label)",
+             f"{'detector':<44} {'recall':>7} {'unmatched/photo':>15} {'median IoU':>10} {'photos/s 1 thr':>14}"]
+    for name, r in det.items():
+        if not isinstance(r, dict):
+            continue
+        if "skipped" in r:
+            lines.append(f"{name:<44} skipped: {r['skipped']}")
+            continue
+        label = f"{name}: {r['detector']}"[:44]
+        lines.append(f"{label:<44} {100 * r['recall']:>6.1f}% {r['unmatched_per_photo']:>15.3f} "
+                     f"{r['median_iou']:>10.3f} {r['photos_per_s']:>14.1f}")
+    return lines
 
 
 def _csv(text: str | None) -> list[str]:
@@ -504,10 +689,11 @@ def _csv(text: str | None) -> list[str]:
 @click.option("--min-time", default=1.0, show_default=True, type=float, help="seconds per inference measurement")
 @click.option("--matmul-n", default=2048, show_default=True, type=click.IntRange(min=64))
 @click.option("--no-dlib", is_flag=True, help="skip dlib even when installed")
+@click.option("--no-detectors", is_flag=True, help="skip the face detector table")
 @click.option("--out", "out_path", default="bench.json", show_default=True)
 @config_options
 def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache, data, no_accuracy, checkpoints,
-              more_checkpoints, device, threads, min_time, matmul_n, no_dlib, out_path, cfg):
+              more_checkpoints, device, threads, min_time, matmul_n, no_dlib, no_detectors, out_path, cfg):
     """Training and inference speed, compute efficiency and accuracy in one run."""
     from pipeline.io import write_json
     from pipeline.models import list_presets
@@ -521,7 +707,7 @@ def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache
     if threads is not None:
         torch.set_num_threads(threads)
     res = run_bench(cfg, names, steps, batch_size, input_size, data, [*checkpoints, *more_checkpoints], device,
-                    cache, infer_batch, rounds, min_time, matmul_n, not no_dlib, not no_accuracy)
+                    cache, infer_batch, rounds, min_time, matmul_n, not no_dlib, not no_accuracy, not no_detectors)
     write_json(out_path, res)
     click.echo(format_table(res))
     click.echo(f"\nwrote {out_path}")

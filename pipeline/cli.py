@@ -25,6 +25,7 @@ COMMANDS = {
     "evaluate": "pipeline.evaluate:evaluate_cmd",
     "leaderboard": "pipeline.evaluate:leaderboard_cmd",
     "bench": "pipeline.bench:bench_cmd",
+    "export": "pipeline.export:export_cmd",
     "show": "pipeline.viz:show_cmd",
     "heatmaps": "pipeline.viz:heatmaps_cmd",
     "filters": "pipeline.viz:filters_cmd",

@@ -1,6 +1,7 @@
-"""Keypoints for any photo, no box given: faces are found with the Haar cascade that ships
-inside opencv-python, each detector box is converted to the box convention the models
-were trained with, and then the normal crop -> model -> map-back path runs
+"""Keypoints for any photo, no box given: faces are found with the best installed face
+detector (pipeline.facedet: MTCNN, dlib HOG, or the Haar cascade that ships inside
+opencv-python, defined here), each detector box is converted to the box convention the
+models were trained with, and then the normal crop -> model -> map-back path runs
 (`crop_transform` / `crop_one` at the checkpoint's crop params, `predict_original`).
 
 The training boxes ("boxes imitate a face detector" in the competition XML) run from the
@@ -174,33 +175,24 @@ def cascade_available() -> bool:
     return hasattr(cv2, "CascadeClassifier") and _cascade_path().is_file()
 
 
-def locate_faces(image: np.ndarray, max_faces: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """(boxes in the training convention (M, 4), raw Haar boxes (M, 4)), largest first."""
-    haar = detect_faces(image)
-    if max_faces > 0:
-        haar = haar[:max_faces]
-    return haar_to_box(haar), haar
+def locate_faces(image: np.ndarray, max_faces: int = 0, detector: str | None = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """(boxes in the training convention (M, 4), raw detector boxes (M, 4)), largest first."""
+    from pipeline.facedet import get_detector
+
+    return get_detector(detector)(image, max_faces)
 
 
-def checkpoint_crop(ckpt: dict) -> tuple[int, float]:
-    """(crop.side, crop.expand) the checkpoint's model was trained on."""
-    from pipeline.config import DEFAULTS
-
-    crop = (ckpt.get("config") or {}).get("crop") or DEFAULTS["crop"]
-    side = crop.get("side", crop.get("size", DEFAULTS["crop"]["side"]))  # "size" before the rename
-    return int(side), float(crop.get("expand", DEFAULTS["crop"]["expand"]))
-
-
-def load_models(checkpoints: Sequence[str | os.PathLike], device) -> list[tuple]:
-    """[(model, ckpt)] for every checkpoint; all must share the first one's schema."""
-    from pipeline.checkpoint import load_model
+def load_models(checkpoints: Sequence[str | os.PathLike], device, backend: str = "torch") -> list[tuple]:
+    """[(model, ckpt)] for every checkpoint (.pt, or an exported .onnx: see pipeline.backend);
+    all must share the first one's schema."""
+    from pipeline.backend import load_predictor
     from pipeline.schema import schema_from_dict
 
     if not checkpoints:
         raise PipelineError(None, "no --checkpoint given")
-    first_model, first = load_model(checkpoints[0], device)
+    first_model, first = load_predictor(checkpoints[0], backend, device)
     schema = schema_from_dict(first["schema"])
-    return [(first_model, first)] + [load_model(p, device, schema=schema) for p in checkpoints[1:]]
+    return [(first_model, first)] + [load_predictor(p, backend, device, schema=schema) for p in checkpoints[1:]]
 
 
 def predict_boxes(image: np.ndarray, boxes: np.ndarray, models: Sequence[tuple], tta: str = "flip",
@@ -210,6 +202,7 @@ def predict_boxes(image: np.ndarray, boxes: np.ndarray, models: Sequence[tuple],
     are mapped back through the crop transform and averaged over the models."""
     import torch
 
+    from pipeline.checkpoint import checkpoint_crop
     from pipeline.crop import crop_one, crop_transform
     from pipeline.predict import predict_original
 
@@ -238,21 +231,24 @@ def annotate(image: np.ndarray, boxes: np.ndarray, points: np.ndarray, schema) -
 
 
 def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir: str, tta: str = "flip",
-                      write_csv: bool = False, max_faces: int = 0, device_name: str = "auto") -> list[dict]:
+                      write_csv: bool = False, max_faces: int = 0, device_name: str = "auto",
+                      backend: str = "torch", detector: str = "auto") -> list[dict]:
     from pipeline.dataset import read_image
     from pipeline.device import resolve_device
     from pipeline.schema import schema_from_dict
     from pipeline.viz import publish, write_png
 
-    require_cascade()
+    from pipeline.facedet import get_detector
+
+    found = get_detector(detector)  # before the models load: a missing detector fails fast
     device = resolve_device(device_name)
-    models = load_models(checkpoints, device)
+    models = load_models(checkpoints, device, backend)
     schema = schema_from_dict(models[0][1]["schema"])
     out = Path(out_dir)
     results, rows, stems = [], [], set()
     for photo in photos:
         image = read_image(photo)
-        boxes, haar = locate_faces(image, max_faces)
+        boxes, haar = locate_faces(image, max_faces, found.name)
         pts = predict_boxes(image, boxes, models, tta, device) if len(boxes) else np.zeros((0, schema.k, 2))
         if not len(boxes):
             log.warning("%s: no face found", photo)
@@ -264,7 +260,7 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
         faces = [{"box": [round(float(v), 2) for v in b], "detector_box": [round(float(v), 2) for v in h],
                   "points": np.round(p, 3).tolist()} for b, h, p in zip(boxes, haar, pts)]
         res = {"image": str(photo), "width": int(image.shape[1]), "height": int(image.shape[0]),
-               "detector": f"opencv {HAAR_FILE}", "schema": schema.name, "names": list(schema.names),
+               "detector": found.description, "schema": schema.name, "names": list(schema.names),
                "checkpoints": [str(c) for c in checkpoints], "tta": tta, "n_faces": len(faces), "faces": faces}
         publish(out / f"{stem}_keypoints.json", (json.dumps(res, indent=1) + "\n").encode())
         results.append(res)
@@ -284,14 +280,18 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
 @click.command("predict-image")
 @click.argument("photos", nargs=-1, required=True)
 @click.option("--checkpoint", "checkpoints", multiple=True, required=True,
-              help="model checkpoint (repeatable: predictions are averaged)")
+              help="model checkpoint or exported .onnx (repeatable: predictions are averaged)")
 @click.option("--out-dir", default="out", show_default=True)
 @click.option("--tta", type=click.Choice(["flip", "none"]), default="flip", show_default=True)
 @click.option("--csv", "write_csv", is_flag=True, help="also write <out-dir>/keypoints.csv (one row per face)")
 @click.option("--max-faces", default=0, show_default=True, help="keep the largest N faces per photo (0: all)")
 @click.option("--device", default="auto", show_default=True)
-def predict_image_cmd(photos, checkpoints, out_dir, tta, write_csv, max_faces, device):
-    """Keypoints for any photo: Haar face detection, then crop -> model -> photo pixels.
+@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
+              help="onnx: onnxruntime on the CPU (a .onnx --checkpoint always runs there)")
+@click.option("--detector", type=click.Choice(["auto", "mtcnn", "dlib", "haar"]), default="auto", show_default=True,
+              help="face detector (auto: the first installed of mtcnn, dlib, haar)")
+def predict_image_cmd(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector):
+    """Keypoints for any photo: face detection, then crop -> model -> photo pixels.
     Writes <stem>_keypoints.png and <stem>_keypoints.json per photo."""
-    for r in run_predict_image(photos, checkpoints, out_dir, tta, write_csv, max_faces, device):
+    for r in run_predict_image(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector):
         click.echo(f"{r['image']}: {r['n_faces']} face(s)")

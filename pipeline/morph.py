@@ -264,7 +264,7 @@ def morph_frames(a: np.ndarray, b: np.ndarray, pa: np.ndarray, pb: np.ndarray, n
 def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, split: str, size: int,
                expand: float, data_dir: str | None, device) -> tuple[np.ndarray, np.ndarray, str]:
     """(face frame (size, size, 3) RGB, its keypoints (K, 2) frame px, description) for a
-    photo path (largest Haar face) or an index into the cache split (its photo and box)."""
+    photo path (largest detected face) or an index into the cache split (its photo and box)."""
     from pipeline.crop import DEMO_DIR, crop_one, crop_transform, load_cache, to_crop
     from pipeline.dataset import read_image
     from pipeline.detect import locate_faces, predict_boxes
@@ -294,7 +294,7 @@ def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, 
 @click.argument("a")
 @click.argument("b")
 @click.option("--checkpoint", "checkpoints", multiple=True, required=True,
-              help="model checkpoint (repeatable: keypoints are averaged)")
+              help="model checkpoint or exported .onnx (repeatable: keypoints are averaged)")
 @click.option("--out", default="morph.gif", show_default=True, help="animated GIF")
 @click.option("--frames", "n_frames", default=20, show_default=True, help="frames from A to B")
 @click.option("--fps", default=10.0, show_default=True)
@@ -305,8 +305,10 @@ def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, 
 @click.option("--data-dir", default=None, help="dataset folder with the photos [default: params data.dir]")
 @click.option("--mp4", is_flag=True, help="also write the same frames as <out>.mp4 (cv2.VideoWriter, mp4v)")
 @click.option("--device", default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
+              help="onnx: onnxruntime on the CPU (a .onnx --checkpoint always runs there)")
 @config_options
-def morph_cmd(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split, data_dir, mp4, device, cfg):
+def morph_cmd(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split, data_dir, mp4, device, backend, cfg):
     """Morph face A into face B (photo paths or test-cache indices) as an animated GIF."""
     from pipeline.detect import load_models
     from pipeline.device import resolve_device
@@ -316,7 +318,7 @@ def morph_cmd(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split,
     if size < 16 or expand <= 0 or fps <= 0:
         raise PipelineError(None, "--size must be >= 16, --expand and --fps > 0")
     dev = resolve_device(device)
-    models = load_models(checkpoints, dev)
+    models = load_models(checkpoints, dev, backend)
     fa, pa, wa = morph_face(a, models, cfg, cache, split, size, expand, data_dir, dev)
     fb, pb, wb = morph_face(b, models, cfg, cache, split, size, expand, data_dir, dev)
     frames = morph_frames(fa, fb, pa, pb, n_frames)

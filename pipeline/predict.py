@@ -20,26 +20,47 @@ from pipeline.errors import PipelineError
 log = logging.getLogger(__name__)
 
 
+_RESIZE: dict[tuple, torch.Tensor] = {}
+
+
+def _resize_rows(src: int, dst: int, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    """(dst, src) matrix R of the 1-D antialiased bilinear resize src -> dst: the filter is
+    separable, so resizing an image X is R @ X @ R.T. Built once per size from
+    F.interpolate itself (each row of the identity resized), so it is that filter."""
+    key = (src, dst, device, dtype)
+    if key not in _RESIZE:
+        # src one-row images, each an impulse; resized along W (a height-1 image resized
+        # along H comes out wrong in torch 2.14's antialias kernel, along W it is exact)
+        eye = torch.eye(src, dtype=torch.float64).view(src, 1, 1, src)
+        rows = F.interpolate(eye, size=(1, dst), mode="bilinear", align_corners=False, antialias=True)
+        _RESIZE[key] = rows.view(src, dst).T.contiguous().to(device=device, dtype=dtype)
+    return _RESIZE[key]
+
+
 def _resize_batch(images: torch.Tensor, size: int) -> torch.Tensor:
     """Float (B, C, S, S) -> (B, C, size, size). Bilinear with align_corners=False maps
-    pixel centres as x' = (x + 0.5) * size / S - 0.5, the convention of input_to_crop."""
+    pixel centres as x' = (x + 0.5) * size / S - 0.5, the convention of input_to_crop;
+    antialiased as F.interpolate(antialias=True), as two small matmuls (R @ X @ R.T):
+    at batch 1 that is a third of the cost of the interpolate kernel."""
     if images.shape[-1] == size:
         return images
-    return F.interpolate(images, size=(size, size), mode="bilinear", align_corners=False, antialias=True)
+    r = _resize_rows(images.shape[-1], size, images.device, images.dtype)  # (size, S)
+    return torch.matmul(torch.matmul(r, images), r.T)  # (B, C, size, S) -> (B, C, size, size)
 
 
-@torch.no_grad()
-def predict_crops(model: torch.nn.Module, faces: np.ndarray, *, input_size: int, in_chans: int,
+@torch.inference_mode()
+def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
                   flip_perm: Sequence[int] | None, batch_size: int = 64,
                   device: torch.device = torch.device("cpu"), amp: torch.dtype | None = None,
                   channels_last: bool = False, progress: bool = False) -> dict[str, np.ndarray]:
-    """Keypoints in crop pixels for uint8 faces (N, S, S, 3).
+    """Keypoints in crop pixels for uint8 faces (N, S, S, 3). `model` is a torch model or
+    any callable of the same contract (pipeline.backend: onnxruntime).
 
     Returns {"plain": (N, K, 2)} and, when flip_perm is given, also {"flip": ..., "tta": ...}:
     the prediction on the mirrored face, un-mirrored (x -> W-1-x, left/right indices swapped
-    back), and the mean of the two."""
-    from tqdm import tqdm
-
+    back), and the mean of the two. The faces and their mirrors go through the model as one
+    batch of 2B: one call instead of two, which at batch 1 (one face at a time) is most of
+    the TTA cost saved."""
     from pipeline.augment import input_to_crop
     from pipeline.data import faces_to_chw, normalize_batch
     from pipeline.device import autocast
@@ -51,15 +72,21 @@ def predict_crops(model: torch.nn.Module, faces: np.ndarray, *, input_size: int,
     if flip_perm is not None:
         outs["flip"] = []
     starts = range(0, len(faces), batch_size)
-    for s in tqdm(starts, desc="predict", unit="batch", disable=not progress, leave=False):
+    if progress:
+        from tqdm import tqdm
+
+        starts = tqdm(starts, desc="predict", unit="batch", leave=False)
+    for s in starts:
         x = faces_to_chw(faces[s:s + batch_size], in_chans).to(device, non_blocking=True)  # (B, C, S, S) uint8
         x = _resize_batch(normalize_batch(x, channels_last), input_size)  # (B, C, H, W) float
+        b = x.shape[0]
         with autocast(device, amp):
-            plain = model(x).float()  # (B, K, 2) input px
-            outs["plain"].append(plain.cpu().numpy())
-            if flip_perm is not None:
-                flipped = model(flip_images(x)).float()
-                outs["flip"].append(unflip_coords(flipped, input_size, flip_perm).cpu().numpy())
+            if flip_perm is None:
+                outs["plain"].append(model(x).float().cpu().numpy())  # (B, K, 2) input px
+            else:
+                both = model(torch.cat([x, flip_images(x)])).float()  # (2B, K, 2) input px
+                outs["plain"].append(both[:b].cpu().numpy())
+                outs["flip"].append(unflip_coords(both[b:], input_size, flip_perm).cpu().numpy())
     res = {k: input_to_crop(np.concatenate(v).astype(np.float64), cache_size, input_size)
            for k, v in outs.items()}
     if flip_perm is not None:
@@ -70,6 +97,7 @@ def predict_crops(model: torch.nn.Module, faces: np.ndarray, *, input_size: int,
 def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndarray, tta: str,
                      batch_size: int, device: torch.device, progress: bool = False) -> dict[str, np.ndarray]:
     """predict_crops for a checkpoint's model, mapped to original-image pixels."""
+    from pipeline.checkpoint import checkpoint_label_origin
     from pipeline.crop import to_original
     from pipeline.device import amp_dtype
 
@@ -81,7 +109,7 @@ def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndar
                           batch_size=batch_size, device=device,
                           amp=amp_dtype("auto", device), progress=progress)
     # back to the labels' pixel grid (data.label_origin of the cache the model trained on)
-    origin = float((ckpt.get("crop") or {}).get("label_origin", 0.0))
+    origin = checkpoint_label_origin(ckpt)
     out = {k: to_original(v, crop_to_orig) + origin for k, v in crops.items()}
     out["final"] = out["tta"] if tta == "flip" else out["plain"]
     return out
@@ -89,11 +117,10 @@ def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndar
 
 def check_crop_geometry(path, ckpt: dict, cache) -> None:
     """A checkpoint predicts only faces cropped as in its training (crop side, expand)."""
-    geo = ckpt.get("crop")
-    if not isinstance(geo, dict):
-        return  # made before checkpoints recorded it
+    from pipeline.checkpoint import checkpoint_crop
+
     have = (int(cache.info["size"]), float(cache.info["expand"]))
-    want = (int(geo.get("size", -1)), float(geo.get("expand", -1)))
+    want = checkpoint_crop(ckpt, path)
     if want != have:
         raise PipelineError(path, f"trained on {want[0]} px crops with expand {want[1]:g}, but the cache "
                                   f"{cache.path} holds {have[0]} px crops with expand {have[1]:g} "
@@ -106,14 +133,14 @@ def fold_checkpoints(models_dir: str | os.PathLike, k: int, name: str) -> dict[i
     return {i: p for i, p in found.items() if p.exists()}
 
 
-def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out_dir: str) -> None:
-    from pipeline.checkpoint import load_model
+def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out_dir: str,
+                backend: str = "torch") -> None:
+    from pipeline.backend import load_predictor
+    from pipeline.calibrate import CALIBRATE_MODES, keypoint_bias, should_calibrate
     from pipeline.config import write_resolved
     from pipeline.crop import load_cache
     from pipeline.device import resolve_device
     from pipeline.io import atomic_path
-
-    from pipeline.calibrate import CALIBRATE_MODES, keypoint_bias, should_calibrate
 
     pcfg = cfg["predict"]
     if pcfg["calibrate"] not in CALIBRATE_MODES:
@@ -133,9 +160,9 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     oof = {"tta": np.full((len(train), K, 2), np.nan), "plain": np.full((len(train), K, 2), np.nan)}
     per_fold = []
     for fold, path in sorted(ckpts.items()):
-        model, ckpt = load_model(path, device, schema=test.schema)
+        model, ckpt = load_predictor(path, backend, device, schema=test.schema)
         check_crop_geometry(path, ckpt, test)
-        log.info("fold %d: %s (epoch %d)", fold, path, ckpt["epoch"])
+        log.info("fold %d: %s (epoch %d, %s)", fold, path, ckpt["epoch"], backend)
         test_pred = predict_original(model, ckpt, test.faces, test.crop_to_orig, pcfg["tta"],
                                      pcfg["batch_size"], device, progress=True)
         per_fold.append(test_pred["final"])
@@ -168,9 +195,10 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
 
 
 def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.PathLike],
-                predict_cfg: dict, data_cfg: dict, crop_cfg: dict) -> np.ndarray:
+                predict_cfg: dict, data_cfg: dict, crop_cfg: dict, backend: str = "torch") -> np.ndarray:
     """Predict any test XML with any checkpoints: (N, K, 2) original pixels, fold-averaged."""
-    from pipeline.checkpoint import load_model
+    from pipeline.backend import load_predictor
+    from pipeline.checkpoint import checkpoint_crop
     from pipeline.crop import crop_faces
     from pipeline.dataset import load_xml
     from pipeline.device import resolve_device
@@ -184,9 +212,8 @@ def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.Path
     crops_by_geometry: dict[tuple, tuple] = {}  # each checkpoint's faces cropped as in its training
     preds = []
     for path in checkpoints:
-        model, ckpt = load_model(path, device, schema=schema)
-        geo = ckpt.get("crop") or {"size": crop_cfg["side"], "expand": crop_cfg["expand"]}
-        key = (int(geo["size"]), float(geo["expand"]))
+        model, ckpt = load_predictor(path, backend, device, schema=schema)
+        key = checkpoint_crop(ckpt, path)
         if key not in crops_by_geometry:
             crops_by_geometry[key] = crop_faces(faces, Path(xml_path).parent, key[0], key[1], crop_cfg["n_jobs"])
         crops, crop_to_orig = crops_by_geometry[key]
@@ -200,7 +227,9 @@ def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.Path
 @click.option("--folds", "folds_path", default="folds/folds.csv", show_default=True)
 @click.option("--models", "models_dir", default="models", show_default=True, help="folder of fold{K}/ checkpoints")
 @click.option("--out", "out_dir", default="predictions", show_default=True)
+@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
+              help="onnx: onnxruntime on the CPU (each fold's <name>.onnx if exported from it, else exported in memory)")
 @config_options
-def predict_cmd(cache, folds_path, models_dir, out_dir, cfg):
+def predict_cmd(cache, folds_path, models_dir, out_dir, backend, cfg):
     """Test predictions (fold ensemble, flip TTA) and out-of-fold predictions."""
-    run_predict(cfg, cache, folds_path, models_dir, out_dir)
+    run_predict(cfg, cache, folds_path, models_dir, out_dir, backend)

@@ -332,7 +332,7 @@ def _is_index(text: str) -> bool:
 
 def face_from_source(source: str, ckpt: dict, cache_dir: str, split: str = "test"):
     """The network's view of a face: (crop RGB uint8 (S, S, 3), description). `source` is an
-    integer index into the cache split, or a photo path (the largest Haar face is used)."""
+    integer index into the cache split, or a photo path (the largest detected face is used)."""
     from pipeline.crop import crop_one, crop_transform, load_cache
     from pipeline.dataset import read_image
 
@@ -342,7 +342,8 @@ def face_from_source(source: str, ckpt: dict, cache_dir: str, split: str = "test
         if not 0 <= i < len(cache):
             raise PipelineError(Path(cache_dir) / split, f"face index {i} out of range (0..{len(cache) - 1})")
         return np.array(cache.faces[i]), f"{split} face {i} ({cache.meta.iloc[i].face_id})"
-    from pipeline.detect import checkpoint_crop, locate_faces
+    from pipeline.checkpoint import checkpoint_crop
+    from pipeline.detect import locate_faces
 
     image = read_image(source)
     boxes, _ = locate_faces(image)
@@ -408,7 +409,7 @@ def heatmap_figure(model, ckpt: dict, face: np.ndarray, points: Sequence[int], t
 
 @click.command("heatmaps")
 @click.argument("image_or_index")
-@click.option("--checkpoint", required=True, help="heatmap model checkpoint (e.g. models/fold0/best.pt)")
+@click.option("--checkpoint", required=True, help="heatmap model checkpoint (e.g. models/fold0/best.pt) or exported .onnx")
 @click.option("--cache", default="data/cache", show_default=True, help="face cache, for an integer IMAGE_OR_INDEX")
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
 @click.option("--points", default=None, help="keypoint indices [default: 36,45,30,48,54 (eye corners, "
@@ -418,12 +419,12 @@ def heatmap_figure(model, ckpt: dict, face: np.ndarray, points: Sequence[int], t
 @click.option("--out", default="heatmaps.png", show_default=True)
 def heatmaps_cmd(image_or_index, checkpoint, cache, split, points, tile, alpha, out):
     """Soft-argmax probability maps of chosen keypoints over a face (cache index or photo)."""
-    from pipeline.checkpoint import load_model
+    from pipeline.backend import load_predictor
     from pipeline.schema import schema_from_dict
 
     if tile < 16:
         raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
-    model, ckpt = load_model(checkpoint, "cpu")  # one face: the CPU is enough
+    model, ckpt = load_predictor(checkpoint, None, "cpu")  # one face: the CPU is enough
     if not hasattr(model, "forward_maps"):
         raise PipelineError(checkpoint, f"model '{ckpt['model_config'].get('preset')}' regresses coordinates "
                                         "directly and has no heatmaps (forward_maps); use a heatmap model "

@@ -38,7 +38,7 @@ def tiny_checkpoint(tmp_path_factory):
     return path
 
 
-def test_bench_tiny_has_every_figure(tmp_path, demo_dir, tiny_checkpoint, monkeypatch):
+def test_bench_tiny_has_every_figure(tmp_path, demo_dir, tiny_checkpoint, monkeypatch, capsys):
     from pipeline.cli import main
 
     monkeypatch.chdir(tmp_path)
@@ -65,6 +65,21 @@ def test_bench_tiny_has_every_figure(tmp_path, demo_dir, tiny_checkpoint, monkey
     assert _positive(acc[f"checkpoint:{tiny_checkpoint}"]["faces_per_s_1thread"])
     # dlib: scored when the optional extra is installed, else a skip note
     assert "skipped" in acc["dlib"] or all(_positive(acc["dlib"][k]) for k in ("mae", "nme", "faces_per_s_1thread"))
+    # batch 1 on one core, the first checkpoint through every backend (onnx when installed)
+    assert res["batch1_model"] == str(tiny_checkpoint)
+    for name in ("torch-eager", "torch", "onnx", "onnx-int8"):
+        r = res["batch1"][name]
+        assert ("skipped" in r and name.startswith("onnx")) or (_positive(r["plain"]) and _positive(r["flip"])), (name, r)
+    assert "skipped" in res["batch1"]["dlib"] or _positive(res["batch1"]["dlib"]["plain"])
+    assert res["batch1"]["faces"] == 8 and res["batch1"]["crop_size"] == 32  # the demo test faces, cropped
+    # face detectors on the demo test photos: each installed one measured, the others noted
+    det = res["detectors"]
+    for name in ("mtcnn", "dlib", "haar"):
+        r = det[name]
+        assert "skipped" in r or (0 <= r["recall"] <= 1 and r["unmatched_per_photo"] >= 0
+                                  and _positive(r["photos_per_s"]) and r["photos"] == 8), (name, r)
+    table = capsys.readouterr().out
+    assert "one face at a time, one core" in table and "face detectors on" in table
 
 
 def test_bench_without_data_skips_accuracy(tmp_path, monkeypatch):
@@ -77,8 +92,9 @@ def test_bench_without_data_skips_accuracy(tmp_path, monkeypatch):
     cfg = load_config(None, ["train.batch_size=2"])
     res = run_bench(cfg, ["resunet-tiny"], steps=1, batch_size=2, input_size=32, data=None, checkpoints=[],
                     device_name="cpu", infer_batch=2, rounds=1, min_time=0.0, matmul_n=64)
-    assert "skipped" in res["accuracy"]
+    assert "skipped" in res["accuracy"] and "skipped" in res["detectors"]
     assert _positive(res["train"]["resunet-tiny"]["images_per_s_real"])
+    assert _positive(res["batch1"]["torch"]["flip"]) and res["batch1_model"] == "resunet-tiny (untrained)"
 
 
 def test_mean_shape_baseline_is_exact_on_mean_faces():

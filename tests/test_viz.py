@@ -196,7 +196,8 @@ def test_predict_image_unreadable_photo_exits_2(viz_ws, tmp_path, capsys):
 
 @pytest.mark.skipif(cascade_available(), reason="this OpenCV has the Haar cascade")
 def test_predict_image_without_cascade_says_how_to_fix(viz_ws, tmp_path, capsys):
-    assert run(["predict-image", tmp_path / "x.png", "--checkpoint", viz_ws["ckpt"], "--out-dir", tmp_path]) == 2
+    assert run(["predict-image", tmp_path / "x.png", "--checkpoint", viz_ws["ckpt"], "--out-dir", tmp_path,
+                "--detector", "haar"]) == 2
     assert "opencv-python-headless<5" in capsys.readouterr().err
 
 
