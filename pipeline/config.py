@@ -63,8 +63,8 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "options": {},  # preset keyword overrides (width, blurpool, act, ...)
     },
     "train": {
-        "epochs": 10,
-        "batch_size": 32,
+        "epochs": 12,
+        "batch_size": 16,
         "optimizer": "adamw",  # adamw | sgd
         "lr": 1.0e-3,  # peak learning rate after warm-up
         "momentum": 0.9,  # SGD momentum / AdamW beta1
@@ -75,7 +75,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         # losses on coordinates scaled to [-1, 1] (errors / half the input size), as in the
         # integral-regression papers: the seed's SGD lr 0.8 assumes this scale
         "normalize_coords": True,
-        "heatmap_lambda": 0.0,  # weight of the DSNT heatmap regulariser (JS to a Gaussian), 0 = off
+        "heatmap_lambda": 1.0,  # weight of the DSNT heatmap regulariser (JS to a Gaussian), 0 = off
         "heatmap_sigma": 1.0,  # its Gaussian's sigma in heatmap pixels
         "scale_min": 0.75,  # random resize range
         "scale_max": 1.3333333,

@@ -17,6 +17,19 @@ def test_params_yaml_matches_defaults_except_data_dir():
     assert cfg == DEFAULTS
 
 
+@pytest.mark.parametrize("recipe", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_recipes_set_every_param(recipe):
+    # `make repro RECIPE=...` copies a recipe over params.yaml, and dvc.yaml names params
+    # that must then exist: a recipe carries every key, and loads
+    def keys(d, prefix=""):
+        return {prefix + k for k, v in d.items()} | {
+            kk for k, v in d.items() if isinstance(v, dict) and k != "options" for kk in keys(v, prefix + k + ".")}
+
+    recipe_keys = keys(yaml.safe_load(recipe.read_text()))
+    assert recipe_keys == keys(DEFAULTS)
+    load_config(recipe)
+
+
 def test_override_beats_file(tmp_path):
     p = tmp_path / "p.yaml"
     p.write_text("train:\n  lr: 0.5\n  epochs: 3\n")
