@@ -162,7 +162,7 @@ def bench_train(cfg: dict, preset: str, cache_dir: Path, steps: int, batch_size:
     scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
     mean_shape = crop_to_input(cache.keypoints.mean(0).astype(np.float64), cache_size, input_size)
     neighbours = torch.as_tensor(schema.neighbours(mean_shape), device=device)
-    loss_fn = loss_from_params(tcfg, input_size, neighbours)
+    loss_fn = loss_from_params(tcfg, input_size, neighbours, hasattr(model, "forward_maps"))
     # constant lr: the schedule does not change the cost of a step
     state = StepState(0, 10 ** 9, 0, tcfg["lr"] * 0.1)
 

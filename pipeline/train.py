@@ -220,12 +220,11 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     from pipeline.augment import crop_to_input
     mean_shape = crop_to_input(cache.keypoints[train_idx].mean(0).astype(np.float64), cache_size, input_size)
     neighbours = torch.as_tensor(schema.neighbours(mean_shape), device=device)
-    if tcfg["heatmap_lambda"] > 0 and not hasattr(model, "forward_maps"):
-        # the regulariser shapes soft-argmax maps; a regression model has none
+    heatmap_model = hasattr(model, "forward_maps")
+    if tcfg["heatmap_lambda"] > 0 and not heatmap_model:
         log.warning("fold %d: %s regresses coordinates directly: train.heatmap_lambda ignored", fold,
                     mcfg["preset"])
-        tcfg = {**tcfg, "heatmap_lambda": 0.0}
-    loss_fn = loss_from_params(tcfg, input_size, neighbours)
+    loss_fn = loss_from_params(tcfg, input_size, neighbours, heatmap_model)
 
     steps_per_epoch = math.ceil(math.ceil(len(train_idx) / world) / rank_batch)
     state = StepState(0, steps_per_epoch * tcfg["epochs"],

@@ -110,3 +110,15 @@ def test_mean_shape_baseline_is_exact_on_mean_faces():
     from pipeline.evaluate import mae
 
     assert mae(pred, truth) < 1e-9
+
+
+def test_bench_train_runs_a_regression_preset_with_the_default_regulariser(tiny_workspace):
+    # the heatmap regulariser is on by default; a model without soft-argmax maps trains without it
+    from pipeline.bench import bench_train
+    from pipeline.config import load_config
+
+    cfg = load_config(None, [])
+    assert cfg["train"]["heatmap_lambda"] > 0
+    res = bench_train(cfg, "resnet50-fc", tiny_workspace / "cache", steps=1, batch_size=4, input_size=32,
+                      device=torch.device("cpu"), rounds=1, warmup=0)
+    assert res
