@@ -295,17 +295,13 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
             for tta, p in (("plain", None), ("flip", perm)):
                 methods[f"{name}/{tta}"] = (lambda i, r=runner, p=p: predict_crops(
                     r, faces[i:i + 1], input_size=size, in_chans=chans, flip_perm=p, batch_size=1, device=cpu))
-        if use_dlib:
-            try:
-                dlib, predictor = dlib_predictor()
-            except ImportError as e:
-                out["dlib"] = {"skipped": f"dlib not installed ({e}); pip install 'pipeline[dlib]'"}
-            else:
-                s = faces.shape[1]
-                lo, hi = round(s / 2 - s / expand / 2), round(s / 2 + s / expand / 2) - 1  # the box in the crop
-                rect = dlib.rectangle(lo, lo, hi, hi)
-                crops = [np.ascontiguousarray(f) for f in faces]
-                methods["dlib/plain"] = lambda i: predictor(crops[i], rect)
+        dlib, predictor = _dlib_or_skip(out) if use_dlib else (None, None)
+        if predictor is not None:
+            s = faces.shape[1]
+            lo, hi = round(s / 2 - s / expand / 2), round(s / 2 + s / expand / 2) - 1  # the box in the crop
+            rect = dlib.rectangle(lo, lo, hi, hi)
+            crops = [np.ascontiguousarray(f) for f in faces]
+            methods["dlib/plain"] = lambda i: predictor(crops[i], rect)
         best = {k: 0.0 for k in methods}
         for fn in methods.values():
             fn(0)  # warm-up (first-call allocations, lazy initialisation)
@@ -374,6 +370,15 @@ def place_in_boxes(shape: np.ndarray, boxes: np.ndarray) -> np.ndarray:
 def mean_shape_baseline(train_kp: np.ndarray, train_boxes: np.ndarray, test_boxes: np.ndarray) -> np.ndarray:
     """The mean training shape in box-normalised coordinates, placed into every test box."""
     return place_in_boxes(box_normalised(train_kp, train_boxes).mean(0), test_boxes)
+
+
+def _dlib_or_skip(out: dict) -> tuple:
+    """(dlib, predictor), or (None, None) with the reason under out["dlib"]."""
+    try:
+        return dlib_predictor()
+    except ImportError as e:
+        out["dlib"] = {"skipped": f"dlib not installed ({e}); pip install 'pipeline[dlib]'"}
+        return None, None
 
 
 def dlib_predictor():
@@ -450,28 +455,24 @@ def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device
                                      "preset": ckpt["model_config"]["preset"],
                                      "input_size": ckpt["model_config"]["input_size"]}
 
-    if use_dlib:
-        try:
-            dlib, predictor = dlib_predictor()
-        except ImportError as e:
-            out["dlib"] = {"skipped": f"dlib not installed ({e}); pip install 'pipeline[dlib]'"}
-        else:
-            by_image: dict[str, list[int]] = {}
-            for i, f in enumerate(test):
-                by_image.setdefault(f.image, []).append(i)
-            pred = np.zeros_like(truth)
-            spent = 0.0
-            for rel, idx in by_image.items():
-                image = read_image(safe_image_path(data_dir, rel, test_xml))  # RGB uint8, not timed
-                for i in idx:
-                    left, top, w, h = test[i].box
-                    rect = dlib.rectangle(int(round(left)), int(round(top)), int(round(left + w - 1)),
-                                          int(round(top + h - 1)))
-                    t0 = time.perf_counter()
-                    shape = predictor(image, rect)
-                    spent += time.perf_counter() - t0
-                    pred[i] = [(p.x, p.y) for p in shape.parts()]
-            out["dlib"] = {**_score(pred, truth, schema.eyes), "faces_per_s_1thread": len(test) / max(spent, 1e-9)}
+    dlib, predictor = _dlib_or_skip(out) if use_dlib else (None, None)
+    if predictor is not None:
+        by_image: dict[str, list[int]] = {}
+        for i, f in enumerate(test):
+            by_image.setdefault(f.image, []).append(i)
+        pred = np.zeros_like(truth)
+        spent = 0.0
+        for rel, idx in by_image.items():
+            image = read_image(safe_image_path(data_dir, rel, test_xml))  # RGB uint8, not timed
+            for i in idx:
+                left, top, w, h = test[i].box
+                rect = dlib.rectangle(int(round(left)), int(round(top)), int(round(left + w - 1)),
+                                      int(round(top + h - 1)))
+                t0 = time.perf_counter()
+                shape = predictor(image, rect)
+                spent += time.perf_counter() - t0
+                pred[i] = [(p.x, p.y) for p in shape.parts()]
+        out["dlib"] = {**_score(pred, truth, schema.eyes), "faces_per_s_1thread": len(test) / max(spent, 1e-9)}
     return out
 
 

@@ -108,3 +108,14 @@ def face_points():
 
     pts = TEMPLATE[:, :2].copy()
     return (pts - pts.min(0)) / (pts.max(0) - pts.min(0)) * [80, 90] + [40, 40]
+
+
+def run(argv) -> int:
+    """`pipeline` main(argv) in-process -> its exit code (0 when it returns)."""
+    from pipeline.cli import main
+
+    try:
+        main([str(a) for a in argv])
+    except SystemExit as e:
+        return e.code
+    return 0

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from conftest import run
 from pipeline.checkpoint import checkpoint_crop, load_model
-from pipeline.cli import main
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
 from pipeline.predict import predict_crops
@@ -25,12 +25,6 @@ TINY = ["crop.side=48", "crop.expand=1.6", "model.input_size=32", "train.batch_s
         "folds.k=2", "train.randaug_n=1", "train.device=cpu"]
 
 
-def run(argv):
-    try:
-        main([str(a) for a in argv])
-    except SystemExit as e:
-        return e.code
-    return 0
 
 
 @pytest.fixture(scope="module")

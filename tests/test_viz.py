@@ -8,7 +8,7 @@ import cv2
 import numpy as np
 import pytest
 
-from pipeline.cli import main
+from conftest import run
 from pipeline.config import load_config
 from pipeline.detect import cascade_available, haar_to_box, iou
 from pipeline.morph import CUBE_PALETTE, encode_gif, lzw_encode, morph_frames, quantize_cube
@@ -59,13 +59,6 @@ def viz_ws(tiny_workspace, demo_dir, tmp_path_factory):
             "data": demo_dir, "n_val": len(val)}
 
 
-def run(argv):
-    """main(argv) -> exit code (0 when it returns)."""
-    try:
-        main([str(a) for a in argv])
-    except SystemExit as e:
-        return e.code
-    return 0
 
 
 def check_picture(path, shape=None, min_std=8.0, min_colors=20):
