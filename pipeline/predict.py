@@ -136,21 +136,16 @@ def fold_checkpoints(models_dir: str | os.PathLike, k: int, name: str) -> dict[i
 def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out_dir: str,
                 backend: str = "torch") -> None:
     from pipeline.backend import load_predictor
-    from pipeline.calibrate import CALIBRATE_MODES, keypoint_bias, should_calibrate
+    from pipeline.calibrate import keypoint_bias, should_calibrate
     from pipeline.config import write_resolved
-    from pipeline.crop import load_cache
+    from pipeline.crop import check_same_run, load_cache
     from pipeline.device import resolve_device
+    from pipeline.folds import read_folds
     from pipeline.io import atomic_path
 
-    pcfg = cfg["predict"]
-    if pcfg["calibrate"] not in CALIBRATE_MODES:
-        raise PipelineError("params.yaml", f"predict.calibrate must be {'|'.join(CALIBRATE_MODES)}, "
-                                           f"got '{pcfg['calibrate']}'")
+    pcfg = cfg["predict"]  # predict.calibrate is one of calibrate.CALIBRATE_MODES (config RANGES)
     device = resolve_device(pcfg["device"])
     train, test = load_cache(Path(cache_dir) / "train"), load_cache(Path(cache_dir) / "test")
-    from pipeline.crop import check_same_run
-    from pipeline.folds import read_folds
-
     check_same_run(train, test)
     fold_of = read_folds(folds_path, train.meta, Path(cache_dir) / "train")  # rows must be the cache's faces
     ckpts = fold_checkpoints(models_dir, int(fold_of.max()) + 1, pcfg["checkpoint"])

@@ -96,6 +96,10 @@ def test_write_resolved_only_named_sections(tmp_path):
     ("folds:\n  group_regex: '(unclosed'\n", "'folds.group_regex' must be a regex with a named group"),
     ("folds:\n  group_regex: '^(.+)_\\d+$'\n", "'folds.group_regex' must be a regex with a named group"),
     ("demo:\n  layout: 500w\n", "'demo.layout' must be flat or 300w"),
+    ("predict:\n  calibrate: sometimes\n", "'predict.calibrate' must be auto, on or off"),
+    ("train:\n  heatmap_lambda: -1\n", "'train.heatmap_lambda' must be a number in [0, 1e+06]"),
+    ("train:\n  heatmap_sigma: 0\n", "'train.heatmap_sigma' must be a number in (0, 1000]"),
+    ("data:\n  label_origin: .inf\n", "'data.label_origin' must be a finite number"),
     ("train:\n  lr: 0.1\n  lr: 0.2\n", "duplicated key 'lr' (also on line 2)"),
     ("train:\n  lr: 0.1\ntrain:\n  epochs: 2\n", "duplicated key 'train' (also on line 1)"),
 ])
