@@ -1,11 +1,13 @@
 """The training data path: uint8 faces stay in RAM (memory-mapped cache), samples are
 augmented as uint8, batches are collated as uint8 tensors, and only on the training
 device are they converted to float and normalised. On CUDA batches come from pinned
-memory with non_blocking copies, and the next batch is already in flight while the
-current one trains."""
+memory, copied on a side stream; a background thread (`DeviceLoader`) assembles the next
+batches while the current one trains."""
 
 from __future__ import annotations
 
+import queue
+import threading
 import time
 from typing import Iterator
 
@@ -110,34 +112,139 @@ def make_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, devi
 
 
 class DeviceLoader:
-    """Wraps a DataLoader: moves (uint8 images, keypoints) to `device` with non_blocking
-    copies, one batch ahead, and normalises there. Records the seconds spent waiting for
-    data (`wait_s`) so the trainer can log the data-wait fraction."""
+    """Wraps a DataLoader: a background thread assembles the next `depth` batches (the
+    DataLoader's work: sampling, augmenting, collating; on CUDA also pinning and the
+    host -> device copy on a side stream, and the normalisation there) while the current
+    one trains. Batches come out in the DataLoader's order, unchanged.
 
-    def __init__(self, loader: DataLoader, device: torch.device, channels_last: bool = False):
-        self.loader, self.device, self.channels_last = loader, device, channels_last
+    `wait_s` is the time the consumer spent blocked waiting for a batch during the last
+    iteration, so the trainer can log the data-wait fraction. An exception raised while
+    producing a batch is re-raised in the consumer at that batch. The thread stops when the
+    iteration ends, fails or is closed: iterate through `closing(iter(loader))` or call
+    `close()` on the iterator when leaving a loop early (a generator left unclosed is only
+    closed when garbage collected)."""
+
+    def __init__(self, loader, device: torch.device, channels_last: bool = False, depth: int = 2):
+        if depth < 1:
+            raise ValueError(f"depth must be >= 1, got {depth}")
+        self.loader, self.device, self.channels_last, self.depth = loader, device, channels_last, depth
         self.wait_s = 0.0
 
     def __len__(self) -> int:
         return len(self.loader)
 
-    def _to_device(self, batch):
-        images, kp, idx = batch
-        nb = self.device.type == "cuda"
-        images = images.to(self.device, non_blocking=nb)
-        kp = kp.to(self.device, non_blocking=nb)
-        return normalize_batch(images, self.channels_last), kp, idx
-
     def __iter__(self):
         self.wait_s = 0.0
-        it = iter(self.loader)
-        while True:
-            t0 = time.perf_counter()
-            batch = next(it, None)
-            if batch is None:
-                return
-            batch = self._to_device(batch)
-            self.wait_s += time.perf_counter() - t0
-            # with workers, the loader already assembles the following batches in the
-            # background while this one trains; on CUDA the copy is asynchronous
-            yield batch
+        stage = (_CudaStage if self.device.type == "cuda" else _HostStage)(self.device, self.channels_last)
+        producer = _Producer(iter(self.loader), stage, self.depth)
+        try:
+            while True:
+                t0 = time.perf_counter()
+                item = producer.get()
+                if item is _END:
+                    return
+                batch = stage.ready(item)
+                self.wait_s += time.perf_counter() - t0
+                yield batch
+        finally:
+            producer.stop()
+
+
+_END = object()  # the producer's last item: the DataLoader is exhausted
+
+
+class _Failure:
+    """An exception raised by the producer thread, carried to the consumer."""
+
+    def __init__(self, error: BaseException):
+        self.error = error
+
+
+class _Producer:
+    """A daemon thread that puts stage(batch) for each batch of `batches` into a queue of
+    `depth` slots, then _END (or a _Failure). stop() makes it finish and joins it."""
+
+    def __init__(self, batches, stage, depth: int):
+        self.batches, self.stage = batches, stage
+        self.queue: queue.Queue = queue.Queue(maxsize=depth)
+        self.stopping = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="DeviceLoader", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        # one intra-op thread here (the setting is per thread under OpenMP): the compute
+        # threads already fill the cores, and a second OpenMP team for this thread's small
+        # ops oversubscribes them (measured on 2 cores: training at half speed)
+        torch.set_num_threads(1)
+        try:
+            for batch in self.batches:
+                self.queue.put(self.stage(batch))
+                if self.stopping.is_set():  # the consumer left early: produce no more
+                    return
+            self.queue.put(_END)
+        except BaseException as error:  # noqa: BLE001 -- handed to the consumer, which re-raises it
+            if not self.stopping.is_set():
+                self.queue.put(_Failure(error))
+
+    def get(self):
+        item = self.queue.get()
+        if isinstance(item, _Failure):
+            raise item.error
+        return item
+
+    def stop(self) -> None:
+        """Ask the thread to finish and wait for it. Emptying the queue unblocks a put in
+        progress; after that put the thread sees `stopping` and returns, so at most the
+        batch it is assembling is finished first."""
+        self.stopping.set()
+        while self.thread.is_alive():
+            try:
+                while True:
+                    self.queue.get_nowait()
+            except queue.Empty:
+                pass
+            self.thread.join(timeout=0.01)
+        self.batches = None  # the DataLoader iterator: its worker processes end with it
+
+
+class _HostStage:
+    """The CPU leg of a batch: normalised in the producer thread, ready as it comes."""
+
+    def __init__(self, device: torch.device, channels_last: bool):
+        self.device, self.channels_last = device, channels_last
+
+    def __call__(self, batch):  # in the producer thread
+        images, kp, idx = batch  # (B, C, H, W) uint8, (B, K, 2) float32, (B,) int64
+        return normalize_batch(images.to(self.device), self.channels_last), kp.to(self.device), idx
+
+    def ready(self, item):  # in the consumer thread
+        return item
+
+
+class _CudaStage:
+    """The CUDA leg of a batch: pinned host tensors are copied on a side stream (so the
+    copy overlaps the current step's kernels) and normalised there; the consumer makes
+    its stream wait for that work before using the batch."""
+
+    def __init__(self, device: torch.device, channels_last: bool):
+        self.device, self.channels_last = device, channels_last
+        self.stream = torch.cuda.Stream(device)
+
+    def __call__(self, batch):  # in the producer thread
+        images, kp, idx = batch
+        with torch.cuda.device(self.device), torch.cuda.stream(self.stream):
+            images = normalize_batch(images.to(self.device, non_blocking=True), self.channels_last)
+            kp = kp.to(self.device, non_blocking=True)
+            done = torch.cuda.Event()
+            done.record(self.stream)
+        return images, kp, idx, done
+
+    def ready(self, item):  # in the consumer thread
+        images, kp, idx, done = item
+        compute = torch.cuda.current_stream(self.device)
+        compute.wait_event(done)
+        # the tensors were allocated on the side stream: tell the caching allocator they
+        # are in use on the compute stream, or their memory could be reused too early
+        images.record_stream(compute)
+        kp.record_stream(compute)
+        return images, kp, idx

@@ -65,52 +65,99 @@ class NonFiniteLoss(PipelineError):
 
 
 def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState, device, amp,
-                    grad_clip: float = 0.0, desc: str = "train", progress: bool = True) -> dict[str, float]:
-    """One pass over `loader` (a DeviceLoader). Checks the loss every step. `progress`
-    False hides the bar (DDP ranks other than 0)."""
+                    grad_clip: float = 0.0, desc: str = "train", progress: bool = True,
+                    read_every: int = 10) -> dict[str, float]:
+    """One pass over `loader` (a DeviceLoader, or anything iterable with len() and
+    `wait_s`). `progress` False hides the bar (DDP ranks other than 0).
+
+    The step losses stay on the device and are read every `read_every` steps and at the
+    end of the epoch (each read waits for the device; a read per step would stall the
+    CUDA queue every step). A non-finite loss stops training at the next read, naming the
+    step where it appeared; the caller has not yet checkpointed this epoch, so the last
+    good checkpoint is kept."""
     from tqdm import tqdm
 
     from pipeline.device import autocast
     from pipeline.faults import maybe_kill
 
     model.train()
-    total, seen, t0 = 0.0, 0, time.perf_counter()
-    bar = tqdm(loader, desc=desc, unit="batch", leave=False, dynamic_ncols=True, disable=not progress)
-    for images, target, _ in bar:  # (B, C, H, W) float, (B, K, 2) input px
-        lr = get_lr(state.step, state.total_steps, state.warmup_steps, state.peak_lr)
-        for g in optimizer.param_groups:
-            g["lr"] = lr
-        with autocast(device, amp):
-            if loss_fn.needs_maps:  # the heatmap regulariser also needs the soft-argmax maps
-                pred, probs = model(images, return_maps=True)  # (B, K, 2), (B, K, h, w)
+    running = _RunningLoss(state.step)
+    seen, t0, lr = 0, time.perf_counter(), 0.0
+    batches = iter(loader)
+    try:
+        bar = tqdm(batches, total=len(loader), desc=desc, unit="batch", leave=False, dynamic_ncols=True,
+                   disable=not progress)
+        for images, target, _ in bar:  # (B, C, H, W) float, (B, K, 2) input px
+            lr = get_lr(state.step, state.total_steps, state.warmup_steps, state.peak_lr)
+            for g in optimizer.param_groups:
+                g["lr"] = lr
+            with autocast(device, amp):
+                if loss_fn.needs_maps:  # the heatmap regulariser also needs the soft-argmax maps
+                    pred, probs = model(images, return_maps=True)  # (B, K, 2), (B, K, h, w)
+                else:
+                    pred, probs = model(images), None  # (B, K, 2) input px
+            loss, _ = loss_fn(pred.float(), target, probs, tuple(images.shape[-2:]))
+            optimizer.zero_grad(set_to_none=True)
+            if scaler is not None:
+                scaler.scale(loss).backward()
+                scaler.unscale_(optimizer)
             else:
-                pred, probs = model(images), None  # (B, K, 2) input px
-        loss, _ = loss_fn(pred.float(), target, probs, tuple(images.shape[-2:]))
-        if not torch.isfinite(loss):
-            raise NonFiniteLoss(None, f"loss became {loss.item()} at step {state.step}; training "
-                                      "stopped, the last good checkpoint is kept (lower train.lr?)")
-        optimizer.zero_grad(set_to_none=True)
-        if scaler is not None:
-            scaler.scale(loss).backward()
-            scaler.unscale_(optimizer)
-        else:
-            loss.backward()
-        if grad_clip > 0:
-            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-        if scaler is not None:
-            scaler.step(optimizer)
-            scaler.update()
-        else:
-            optimizer.step()
-        state.step += 1
-        maybe_kill(state.step)  # tests only: PIPELINE_KILL_AT_STEP (pipeline/faults.py)
-        b = images.shape[0]
-        total += loss.item() * b
-        seen += b
-        bar.set_postfix(loss=f"{total / seen:.3f}", ips=f"{seen / (time.perf_counter() - t0):.1f}")
+                loss.backward()
+            if grad_clip > 0:
+                torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+            if scaler is not None:
+                scaler.step(optimizer)
+                scaler.update()
+            else:
+                optimizer.step()
+            state.step += 1
+            maybe_kill(state.step)  # tests only: PIPELINE_KILL_AT_STEP (pipeline/faults.py)
+            seen += images.shape[0]
+            running.add(loss, images.shape[0])
+            if running.pending() >= read_every:
+                running.read()
+                bar.set_postfix(loss=f"{running.mean():.3f}", ips=f"{seen / (time.perf_counter() - t0):.1f}")
+        running.read()
+    finally:
+        close = getattr(batches, "close", None)
+        if close is not None:  # stops a DeviceLoader's producer thread on every way out
+            close()
     elapsed = time.perf_counter() - t0
-    return {"loss": total / max(1, seen), "images_per_s": seen / elapsed,
-            "data_wait_frac": loader.wait_s / elapsed if elapsed > 0 else 0.0, "lr": lr if seen else 0.0}
+    return {"loss": running.mean(), "images_per_s": seen / elapsed,
+            "data_wait_frac": loader.wait_s / elapsed if elapsed > 0 else 0.0, "lr": lr}
+
+
+class _RunningLoss:
+    """The epoch's mean loss, with the step losses kept on the device until read()."""
+
+    def __init__(self, first_step: int):
+        self.step = first_step  # the optimizer step of the first unread loss
+        self.unread: list[tuple[torch.Tensor, int]] = []  # (0-d loss on the device, batch size)
+        self.total, self.count = 0.0, 0
+
+    def add(self, loss: torch.Tensor, batch: int) -> None:
+        self.unread.append((loss.detach(), batch))
+
+    def pending(self) -> int:
+        return len(self.unread)
+
+    def read(self) -> None:
+        """Bring the unread losses to the host (one device sync); raise NonFiniteLoss at
+        the first one that is not finite."""
+        if not self.unread:
+            return
+        values = torch.stack([loss.float() for loss, _ in self.unread]).tolist()
+        for value, (_, batch) in zip(values, self.unread):
+            if not math.isfinite(value):
+                raise NonFiniteLoss(None, f"loss became {value} at step {self.step}; training stopped, "
+                                          "the last good checkpoint is kept (lower train.lr?)")
+            self.total += value * batch
+            self.count += batch
+            self.step += 1
+        self.unread.clear()
+
+    def mean(self) -> float:
+        return self.total / max(1, self.count)
 
 
 def evaluate(model, cache, val_idx: np.ndarray, ckpt_like: dict, batch_size: int, device) -> dict[str, float]:
