@@ -22,9 +22,14 @@ from typing import Any, Sequence
 import click
 import numpy as np
 
-from pipeline.cli import config_options
+from pipeline.cache import CACHE_MARKER, read_array, read_info, read_meta
+from pipeline.config import config_options
 from pipeline.errors import PipelineError
+from pipeline.foldsfile import read_folds
 from pipeline.io import write_json, write_text
+from pipeline.metrics import mae, nme
+from pipeline.predictions import OOF_KEYS, read_predictions
+from pipeline.schema import get_schema
 
 log = logging.getLogger(__name__)
 
@@ -33,38 +38,6 @@ HISTORY_SECTIONS = ("data", "crop", "folds", "model", "train", "predict")
 
 
 # ---------------------------------------------------------------------------- metrics
-
-def mae(pred, truth) -> float:
-    """Mean absolute error over all coordinates (pixels)."""
-    p, t = np.asarray(pred, dtype=np.float64), np.asarray(truth, dtype=np.float64)
-    if p.shape != t.shape:
-        raise ValueError(f"mae: shapes differ {p.shape} vs {t.shape}")
-    if p.size == 0:
-        raise ValueError("mae: empty arrays")
-    return float(np.mean(np.abs(p - t)))
-
-
-def nme(pred, truth, eyes: tuple[int, int] | Sequence[int] | None = (36, 45)) -> float | None:
-    """Mean over faces of mean point error / inter-ocular distance of the truth.
-
-    pred, truth: (N, K, 2). Returns a fraction, or None when `eyes` is None or out of
-    range for K. Faces whose truth eye corners coincide (distance 0) are left out; None
-    when no face is left."""
-    if eyes is None:
-        return None
-    p, t = np.asarray(pred, dtype=np.float64), np.asarray(truth, dtype=np.float64)
-    if p.shape != t.shape or p.ndim != 3 or p.shape[2] != 2:
-        raise ValueError(f"nme: need two (N, K, 2) arrays, got {p.shape} and {t.shape}")
-    e0, e1 = int(eyes[0]), int(eyes[1])
-    k = t.shape[1]
-    if not (0 <= e0 < k and 0 <= e1 < k) or e0 == e1:
-        return None
-    iod = np.linalg.norm(t[:, e0] - t[:, e1], axis=-1)
-    err = np.linalg.norm(p - t, axis=-1).mean(axis=1)
-    ok = iod > 0
-    if not ok.any():
-        return None
-    return float(np.mean(err[ok] / iod[ok]))
 
 
 def _r(x: float | None) -> float | None:
@@ -93,7 +66,7 @@ def score_files(submission: str | os.PathLike, solution: str | os.PathLike, k: i
     explicit k that does not divide the rows is an error. `n_rows` (known from the test
     cache) is what both files must hold; without it, when the two disagree, the one whose
     rows are not whole faces is blamed (the submission when both are)."""
-    from pipeline.submit import read_solution, read_submission
+    from pipeline.submission import read_solution, read_submission
 
     truth = read_solution(solution, n_rows=n_rows)
     pred = read_submission(submission)
@@ -136,33 +109,6 @@ def score_cmd(submission, solution, k, eyes, json_out):
 
 
 # ---------------------------------------------------------------------------- evaluate
-
-def _load_npz(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
-    if not path.exists():
-        raise PipelineError(path, "not found (run `pipeline predict` first)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            missing = [k for k in keys if k not in z.files]
-            if missing:
-                raise PipelineError(path, f"missing array(s) {missing} (has {sorted(z.files)})")
-            return {k: np.asarray(z[k]) for k in keys}
-    except PipelineError:
-        raise
-    except Exception as e:
-        raise PipelineError(path, f"not a readable .npz file ({type(e).__name__})") from None
-
-
-def _load_schema(cache_dir: Path, data_cfg: dict):
-    from pipeline.schema import get_schema, schema_from_dict
-
-    info = cache_dir / "train" / "info.json"
-    if info.exists():
-        try:
-            d = json.loads(info.read_text())["schema"]
-        except Exception:
-            raise PipelineError(info, "no readable schema") from None
-        return schema_from_dict(d)
-    return get_schema(data_cfg)
 
 
 def _block(pred: np.ndarray, plain: np.ndarray, truth: np.ndarray, eyes) -> dict[str, Any]:
@@ -216,14 +162,14 @@ def oof_bias_report(tta: np.ndarray, truth: np.ndarray, eyes, names: Sequence[st
 def uncalibrated_test_scores(test_npz: Path, solution: Path, eyes) -> dict[str, Any]:
     """Test MAE / NME of the ensemble before OOF calibration, when predict stored it and
     the truth exists: the leaderboard shows the test score with and without calibration."""
-    from pipeline.submit import read_solution
+    from pipeline.submission import read_solution
 
     if not (test_npz.exists() and solution.exists()):
         return {}
-    with np.load(test_npz, allow_pickle=False) as z:
-        if "ensemble_raw" not in z.files:  # from a predict before calibration existed
-            return {}
-        raw, calibrated = z["ensemble_raw"].astype(np.float64), bool(z["calibrated"])  # (N, K, 2)
+    z = read_predictions(test_npz, (), optional=("ensemble_raw", "calibrated"))
+    if "ensemble_raw" not in z:  # from a predict before calibration existed
+        return {}
+    raw, calibrated = z["ensemble_raw"].astype(np.float64), bool(z["calibrated"])  # (N, K, 2)
     truth = read_solution(solution)
     if truth.size != raw.size:
         return {"calibrated": calibrated}
@@ -245,9 +191,9 @@ def _append_history(path: Path, entry: dict) -> None:
 
 
 def flat_params(cfg: dict, sections: Sequence[str] = HISTORY_SECTIONS) -> dict[str, Any]:
-    from pipeline.config import _flatten
+    from pipeline.config import flatten
 
-    return _flatten({s: cfg[s] for s in sections if s in cfg})
+    return flatten({s: cfg[s] for s in sections if s in cfg})
 
 
 def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathLike,
@@ -256,35 +202,25 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
     from pipeline.config import write_resolved
 
     cache, predictions, out = Path(cache), Path(predictions), Path(out_dir)
-    schema = _load_schema(cache, cfg["data"])
+    train_split, test_split = cache / "train", cache / "test"
+    schema = (read_info(train_split)["schema_obj"] if (train_split / CACHE_MARKER).exists()
+              else get_schema(cfg["data"]))
     eyes = schema.eyes
 
     # OOF
-    truth_path = cache / "train" / "keypoints_orig.npy"
-    if not truth_path.exists():
-        raise PipelineError(truth_path, "not found (run `pipeline crop` first)")
-    try:
-        truth = np.load(truth_path, allow_pickle=False).astype(np.float64)
-    except Exception as e:
-        raise PipelineError(truth_path, f"not a readable .npy file ({type(e).__name__})") from None
-    if truth.ndim != 3 or truth.shape[2] != 2:
-        raise PipelineError(truth_path, f"expected shape (N, K, 2), got {truth.shape}")
+    truth = read_array(train_split, "keypoints_orig").astype(np.float64)  # (N, K, 2)
     oof_path = predictions / "oof.npz"
-    z = _load_npz(oof_path, ("tta", "plain", "fold"))
+    z = read_predictions(oof_path, OOF_KEYS)
     for key in ("tta", "plain"):
         if z[key].shape != truth.shape:
-            raise PipelineError(oof_path, f"'{key}' has shape {z[key].shape}, truth {truth_path} has {truth.shape}")
+            raise PipelineError(oof_path, f"'{key}' has shape {z[key].shape}, truth "
+                                          f"{train_split / 'keypoints_orig.npy'} has {truth.shape}")
     fold = z["fold"].reshape(-1)
     if len(fold) != len(truth):
         raise PipelineError(oof_path, f"'fold' has {len(fold)} entries for {len(truth)} faces")
     folds_path = Path(folds_path)
     if folds_path.exists():
-        import pandas as pd
-
-        try:
-            folds_fold = pd.read_csv(folds_path)["fold"].to_numpy()
-        except Exception as e:
-            raise PipelineError(folds_path, f"no readable 'fold' column ({type(e).__name__})") from None
+        folds_fold = read_folds(folds_path)
         if len(folds_fold) != len(fold) or not np.array_equal(folds_fold, fold):
             raise PipelineError(oof_path, f"folds differ from {folds_path}; rerun `pipeline predict`")
     oof = oof_metrics(z["tta"].astype(np.float64), z["plain"].astype(np.float64), fold, truth, eyes)
@@ -301,9 +237,8 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
             raise PipelineError(sub, "submission not found (run `pipeline submit` first)")
         log.info("no submission at %s: test set not scored", sub)
     else:
-        from pipeline.submit import cache_face_count
-
-        n_test = cache_face_count(cache / "test")  # the solution must cover the test faces
+        # the solution must cover the test faces
+        n_test = len(read_meta(test_split)) if (test_split / "meta.csv").exists() else None
         s = score_files(sub, sol, schema.k, eyes, None if n_test is None else n_test * schema.k * 2)
         test = {"mae": s["mae"], "nme": s["nme"], "n": s["faces"], "solution": str(sol), "submission": str(sub)}
 
@@ -411,7 +346,7 @@ def read_history(path: Path) -> list[dict]:
 def parse_dvc_exp_show(entries: Any, summary_path: str = "metrics/summary.json",
                        params_file: str = "params.yaml") -> list[dict]:
     """Rows from `dvc exp show --json` (DVC 3): baselines and their experiments, not the workspace."""
-    from pipeline.config import _flatten
+    from pipeline.config import flatten
 
     rows: list[dict] = []
 
@@ -425,7 +360,7 @@ def parse_dvc_exp_show(entries: Any, summary_path: str = "metrics/summary.json",
             if summary:
                 name = entry.get("name") or str(entry.get("rev", ""))[:7]
                 rows.append({"source": "dvc", "name": name,
-                             "params": _flatten({s: params[s] for s in HISTORY_SECTIONS
+                             "params": flatten({s: params[s] for s in HISTORY_SECTIONS
                                                  if isinstance(params.get(s), dict)}),
                              "summary": summary})
         for exp in entry.get("experiments") or []:

@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from pipeline.cli import main
-from pipeline.evaluate import (experiment_table, format_table, mae, nme, parse_dvc_exp_show,
-                               read_history)
+from pipeline.evaluate import experiment_table, format_table, parse_dvc_exp_show, read_history
+from pipeline.metrics import mae, nme
 from pipeline.schema import IBUG68
-from pipeline.submit import write_submission
+from pipeline.submission import write_submission
 
 
 def run_cli(args, capsys):

@@ -13,7 +13,7 @@ from conftest import run
 from pipeline.checkpoint import checkpoint_crop, load_model
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
-from pipeline.predict import predict_crops
+from pipeline.inference import predict_crops
 from pipeline.schema import IBUG68
 from pipeline.train import fit
 
@@ -70,7 +70,7 @@ def test_export_writes_onnx_and_json(exported, trained):
 @pytest.mark.parametrize("source", ["cache", "demo"])
 def test_torch_and_onnxruntime_agree_on_demo_crops(exported, trained, tiny_workspace, source):
     from pipeline.backend import load_predictor
-    from pipeline.crop import load_cache
+    from pipeline.cache import load_cache
     from pipeline.export import demo_crops
 
     model, ckpt = load_model(trained, "cpu")  # the plain (unfused) torch model is the reference
@@ -122,9 +122,10 @@ def test_predict_cli_onnx_backend_agrees_with_torch(trained, tiny_workspace, tmp
 def test_predict_image_uses_the_checkpoint_crop_and_runs_from_onnx(trained, exported, tiny_workspace, demo_dir,
                                                                   tmp_path, monkeypatch):
     import pipeline.detect as detect
-    from pipeline.crop import crop_one, crop_transform, load_cache
+    from pipeline.cache import load_cache
     from pipeline.dataset import read_image
-    from pipeline.predict import predict_original
+    from pipeline.geometry import crop_one, crop_transform
+    from pipeline.inference import predict_original
 
     meta = load_cache(tiny_workspace / "cache" / "test").meta
     row = meta.iloc[0]
@@ -197,17 +198,17 @@ def test_matmul_resize_is_the_antialiased_interpolate(src, dst):
     # the filter the models were validated with
     import torch.nn.functional as F
 
-    from pipeline.predict import _resize_batch
+    from pipeline.preprocess import resize_batch
 
     x = torch.rand(2, 3, src, src, generator=torch.Generator().manual_seed(0)) * 4 - 2
     ref = F.interpolate(x, size=(dst, dst), mode="bilinear", align_corners=False, antialias=True)
-    assert (_resize_batch(x, dst) - ref).abs().max() < 1e-4
-    assert (_resize_batch(x.contiguous(memory_format=torch.channels_last), dst) - ref).abs().max() < 1e-4
+    assert (resize_batch(x, dst) - ref).abs().max() < 1e-4
+    assert (resize_batch(x.contiguous(memory_format=torch.channels_last), dst) - ref).abs().max() < 1e-4
 
 
 def test_int8_export_is_close_to_fp32(trained, tiny_workspace, tmp_path):
     from pipeline.backend import load_predictor
-    from pipeline.crop import load_cache
+    from pipeline.cache import load_cache
 
     out = tmp_path / "q.onnx"
     assert run(["export", trained, "--out", out, "--int8", "--calibration", tiny_workspace / "cache" / "train"]) == 0
@@ -229,8 +230,8 @@ def test_int8_export_is_close_to_fp32(trained, tiny_workspace, tmp_path):
 @pytest.mark.realdata
 def test_torch_and_onnxruntime_agree_on_the_shared_test_crops(exported, trained, real_dir):
     from pipeline.backend import load_predictor
-    from pipeline.crop import crop_faces
     from pipeline.dataset import load_xml
+    from pipeline.geometry import crop_faces
 
     xml = real_dir / "labels_ibug_300W_test_parsed.xml"
     faces = load_xml(xml, IBUG68, require_parts=False)

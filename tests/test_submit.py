@@ -5,8 +5,7 @@ from pipeline.config import DEFAULTS
 
 from pipeline.cli import main
 from pipeline.errors import PipelineError
-from pipeline.submit import (format_submission, read_solution, read_submission, submission_ids,
-                             write_submission)
+from pipeline.submission import format_submission, read_solution, read_submission, submission_ids, write_submission
 
 
 def run_cli(args, capsys):
