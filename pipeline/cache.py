@@ -99,7 +99,6 @@ def read_info(split: str | os.PathLike) -> dict:
         raise PipelineError(Path(split), "no face cache here (run `pipeline crop` first)")
     try:
         info = json.loads(path.read_text())
-        info["has_keypoints"] = bool(info["has_keypoints"])
         schema = schema_from_dict(info["schema"])
     except PipelineError:
         raise
@@ -147,7 +146,9 @@ def load_cache(path: str | os.PathLike) -> Cache:
     path = Path(path)
     info = read_info(path)
     schema = info.pop("schema_obj")
-    has_kp = info["has_keypoints"]
+    if "has_keypoints" not in info:
+        raise PipelineError(path / CACHE_MARKER, "unreadable cache info (no 'has_keypoints')")
+    has_kp = bool(info["has_keypoints"])
     faces = read_array(path, "faces", mmap=True)
     a = read_array(path, "crop_to_orig")
     kp = read_array(path, "keypoints", shape_k=schema.k) if has_kp else None

@@ -238,7 +238,7 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
         log.info("no submission at %s: test set not scored", sub)
     else:
         # the solution must cover the test faces
-        n_test = len(read_meta(test_split)) if (test_split / "meta.csv").exists() else None
+        n_test = len(read_meta(test_split, columns=())) if (test_split / "meta.csv").exists() else None
         s = score_files(sub, sol, schema.k, eyes, None if n_test is None else n_test * schema.k * 2)
         test = {"mae": s["mae"], "nme": s["nme"], "n": s["faces"], "solution": str(sol), "submission": str(sub)}
 

@@ -176,18 +176,15 @@ def test_submit_cmd_missing_predictions(tmp_path, capsys):
 
 
 def test_submit_standalone_calls_predict_xml(tmp_path, monkeypatch, capsys):
-    import sys
-    import types
-
     calls = {}
 
     def fake_predict_xml(xml_path, checkpoints, predict_cfg, data_cfg, crop_cfg):
         calls.update(xml=xml_path, ckpts=list(checkpoints), predict=predict_cfg, data=data_cfg, crop=crop_cfg)
         return np.arange(3 * 68 * 2, dtype=float).reshape(3, 68, 2)
 
-    fake = types.ModuleType("pipeline.predict")
-    fake.predict_xml = fake_predict_xml
-    monkeypatch.setitem(sys.modules, "pipeline.predict", fake)
+    import pipeline.backend
+
+    monkeypatch.setattr(pipeline.backend, "predict_xml", fake_predict_xml)
     xml = tmp_path / "test.xml"
     xml.write_text("<dataset/>")
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
