@@ -9,7 +9,6 @@
 
 from __future__ import annotations
 
-import ast
 import hashlib
 import os
 import shutil
@@ -20,35 +19,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import module_file, module_imports
 from pipeline.cli import COMMANDS
 
 REPO = Path(__file__).resolve().parents[1]
 # argument parsing and error formatting: no output depends on them
 NOT_CODE_DEPS = {"pipeline/__init__.py", "pipeline/__main__.py", "pipeline/cli.py", "pipeline/errors.py"}
-
-
-def _module_file(mod: str) -> Path | None:
-    p = REPO.joinpath(*mod.split("."))
-    if (p / "__init__.py").exists():
-        return p / "__init__.py"
-    return p.with_suffix(".py") if p.with_suffix(".py").exists() else None
-
-
-def _imports(path: Path, mod: str) -> set[str]:
-    """pipeline.* modules named by any import statement in the file (anywhere in it)."""
-    pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = pkg.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-            out.add(base)
-            out |= {f"{base}.{a.name}" for a in node.names}  # `from pipeline import x` may be a module
-    return {m for m in out if m.split(".")[0] == "pipeline"}
 
 
 def imported_modules(mod: str) -> set[str]:
@@ -57,11 +33,11 @@ def imported_modules(mod: str) -> set[str]:
     todo = [mod]
     while todo:
         m = todo.pop()
-        f = _module_file(m)
+        f = module_file(m)
         if f is None or m in seen:
             continue
         seen.add(m)
-        todo += _imports(f, m)
+        todo += module_imports(f, m)
     return seen
 
 
@@ -70,8 +46,8 @@ def code_deps_of(mods: set[str]) -> set[str]:
     deps = set()
     for m in mods:
         parts = m.split(".")
-        deps.add(f"pipeline/{parts[1]}" if len(parts) > 2 or _module_file(m).name == "__init__.py"
-                 else str(_module_file(m).relative_to(REPO)))
+        deps.add(f"pipeline/{parts[1]}" if len(parts) > 2 or module_file(m).name == "__init__.py"
+                 else str(module_file(m).relative_to(REPO)))
     return deps - NOT_CODE_DEPS
 
 

@@ -153,6 +153,43 @@ def test_predict_image_uses_the_checkpoint_crop_and_runs_from_onnx(trained, expo
     assert np.abs(got["onnx"] - right).max() < 0.01
 
 
+def test_heatmaps_and_morph_crop_photos_with_the_checkpoint_geometry(trained, tiny_workspace, demo_dir,
+                                                                   monkeypatch):
+    """A photo given to `heatmaps` or `morph` is cropped at the checkpoint's stamped geometry
+    (32 px, expand 1.25), not at the params it was trained with (48 px, 1.6)."""
+    import pipeline.facedet as facedet
+    from pipeline.backend import load_models
+    from pipeline.cache import load_cache
+    from pipeline.dataset import read_image
+    from pipeline.geometry import crop_one, crop_transform, to_crop
+    from pipeline.inference import predict_boxes, predict_original
+    from pipeline.morph import morph_face
+    from pipeline.viz import face_from_source
+
+    row = load_cache(tiny_workspace / "cache" / "test").meta.iloc[0]
+    photo = demo_dir / row.image
+    box = np.array([[row.box_left, row.box_top, row.box_width, row.box_height]], dtype=np.float64)
+    monkeypatch.setattr(facedet, "locate_faces", lambda image, max_faces=0, detector=None: (box, box))
+    image = read_image(photo)
+    model, ckpt = load_model(trained, "cpu")
+
+    face, _ = face_from_source(str(photo), ckpt, str(tiny_workspace / "cache"))
+    np.testing.assert_array_equal(face, crop_one(image, crop_transform(box[0], 1.25, 32), 32))
+    assert face.shape == (32, 32, 3)
+
+    models = load_models([trained], torch.device("cpu"))
+    frame, pts, _ = morph_face(str(photo), models, load_config(None, []), str(tiny_workspace / "cache"), "test",
+                               40, 1.6, str(demo_dir), torch.device("cpu"))
+    a = crop_transform(box[0], 1.6, 40)  # the morph frame's own view of the photo
+    stamped = crop_transform(box[0], 1.25, 32)[None]  # the model's own crop of the face
+    want = predict_original(model, ckpt, crop_one(image, stamped[0], 32)[None], stamped, "flip", 8,
+                            torch.device("cpu"))["final"][0]
+    # load_models folds BatchNorm into the convs: equal up to float rounding
+    np.testing.assert_allclose(pts, to_crop(want[None], a[None])[0], atol=1e-3)
+    other = [(m, {**c, "crop": {"size": 48, "expand": 1.6}}) for m, c in models]  # what the params say
+    assert np.abs(predict_boxes(image, box, other, "flip", torch.device("cpu"))[0] - want).max() > 0.5
+
+
 def test_heatmaps_and_morph_from_an_exported_model(exported, tiny_workspace, demo_dir, tmp_path):
     import cv2
 
