@@ -122,6 +122,14 @@ def run(argv) -> int:
     return 0
 
 
+def run_cli(argv, capsys) -> tuple[int, str, str]:
+    """`run` plus what it printed: (exit code, stdout, stderr)."""
+    capsys.readouterr()
+    code = run(argv)
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
 # ------------------------------------------------------------------ import graph (test_dvc, test_layers)
 
 def module_file(mod: str) -> Path | None:

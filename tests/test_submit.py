@@ -1,20 +1,10 @@
 import numpy as np
 import pytest
 
+from conftest import run_cli
 from pipeline.config import DEFAULTS
-
-from pipeline.cli import main
 from pipeline.errors import PipelineError
 from pipeline.submission import format_submission, read_solution, read_submission, submission_ids, write_submission
-
-
-def run_cli(args, capsys):
-    """pipeline.cli.main: PipelineError -> one line on stderr, exit 2."""
-    with pytest.raises(SystemExit) as e:
-        main(args)
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 def test_round_trip(tmp_path):
