@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -569,6 +570,16 @@ def generate_demo(out_dir: str | Path, n_train: int = 400, n_test: int = 60, see
     return out
 
 
+def run_demo_data(cfg: dict, out: str | os.PathLike) -> Path:
+    """The `demo-data` stage: the synthetic set of params `demo` into `out`."""
+    from pipeline.config import write_resolved
+
+    d = cfg["demo"]
+    generate_demo(out, d["n_train"], d["n_test"], d["seed"], layout=d["layout"])
+    write_resolved(cfg, out, ["demo"])
+    return Path(out)
+
+
 @click.command("demo-data")
 @click.argument("out", type=click.Path(file_okay=False), default="data/demo")
 @click.option("--n-train", type=int, default=None, help="training faces [params demo.n_train]")
@@ -580,13 +591,9 @@ def generate_demo(out_dir: str | Path, n_train: int = 400, n_test: int = 60, see
 @config_options
 def demo_data_cmd(out, n_train, n_test, seed, layout, cfg):
     """Write the synthetic demo data set (competition layout) to OUT."""
-    from pipeline.config import write_resolved
-
-    d = cfg["demo"]
-    d["n_train"] = d["n_train"] if n_train is None else n_train
-    d["n_test"] = d["n_test"] if n_test is None else n_test
-    d["seed"] = d["seed"] if seed is None else seed
-    d["layout"] = d["layout"] if layout is None else layout
-    generate_demo(out, d["n_train"], d["n_test"], d["seed"], layout=d["layout"])
-    write_resolved(cfg, out, ["demo"])
+    d = cfg["demo"]  # options given on the command line win over the params
+    for key, value in (("n_train", n_train), ("n_test", n_test), ("seed", seed), ("layout", layout)):
+        if value is not None:
+            d[key] = value
+    run_demo_data(cfg, out)
     click.echo(f"wrote {d['n_train']} train + {d['n_test']} test demo faces to {out}")

@@ -284,6 +284,29 @@ def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, 
     return crop_one(image, a, size), to_crop(pts[None], a[None])[0], what
 
 
+def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, size: int, expand: float,
+              cache: str, split: str, data_dir: str | None, mp4: bool, device: str, backend: str,
+              cfg: dict) -> list[Path]:
+    """Frames morphing face A into face B -> GIF (and MP4); returns the files written."""
+    from pipeline.backend import load_models
+    from pipeline.device import resolve_device
+
+    if n_frames < 2:
+        raise PipelineError(None, f"--frames must be >= 2, got {n_frames}")
+    if size < 16 or expand <= 0 or fps <= 0:
+        raise PipelineError(None, "--size must be >= 16, --expand and --fps > 0")
+    dev = resolve_device(device)
+    models = load_models(checkpoints, dev, backend)
+    fa, pa, wa = morph_face(a, models, cfg, cache, split, size, expand, data_dir, dev)
+    fb, pb, wb = morph_face(b, models, cfg, cache, split, size, expand, data_dir, dev)
+    frames = morph_frames(fa, fb, pa, pb, n_frames)
+    written = [write_gif(out, frames, delay_cs=max(2, round(100 / fps)))]
+    log.info("morph %s -> %s: %d frames of %dx%d -> %s", wa, wb, len(frames), size, size, written[0])
+    if mp4:
+        written.append(write_mp4(Path(out).with_suffix(".mp4"), frames, fps))
+    return written
+
+
 @click.command("morph")
 @click.argument("a")
 @click.argument("b")
@@ -304,20 +327,6 @@ def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, 
 @config_options
 def morph_cmd(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split, data_dir, mp4, device, backend, cfg):
     """Morph face A into face B (photo paths or test-cache indices) as an animated GIF."""
-    from pipeline.backend import load_models
-    from pipeline.device import resolve_device
-
-    if n_frames < 2:
-        raise PipelineError(None, f"--frames must be >= 2, got {n_frames}")
-    if size < 16 or expand <= 0 or fps <= 0:
-        raise PipelineError(None, "--size must be >= 16, --expand and --fps > 0")
-    dev = resolve_device(device)
-    models = load_models(checkpoints, dev, backend)
-    fa, pa, wa = morph_face(a, models, cfg, cache, split, size, expand, data_dir, dev)
-    fb, pb, wb = morph_face(b, models, cfg, cache, split, size, expand, data_dir, dev)
-    frames = morph_frames(fa, fb, pa, pb, n_frames)
-    path = write_gif(out, frames, delay_cs=max(2, round(100 / fps)))
-    log.info("morph %s -> %s: %d frames of %dx%d -> %s", wa, wb, len(frames), size, size, path)
-    click.echo(str(path))
-    if mp4:
-        click.echo(str(write_mp4(Path(out).with_suffix(".mp4"), frames, fps)))
+    for path in run_morph(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split, data_dir, mp4, device,
+                          backend, cfg):
+        click.echo(str(path))

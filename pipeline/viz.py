@@ -234,6 +234,26 @@ def heatmap_figure(model, ckpt: dict, face: np.ndarray, points: Sequence[int], t
     return contact_sheet(panels, cols=len(panels))
 
 
+def run_heatmaps(source: str, checkpoint: str, cache: str, split: str, points: str | None, tile: int,
+                 alpha: float, out: str) -> Path:
+    """The heatmap figure of a face (cache index or photo) for a heatmap model -> PNG."""
+    from pipeline.backend import load_predictor
+    from pipeline.schema import schema_from_dict
+
+    if tile < 16:
+        raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
+    model, ckpt = load_predictor(checkpoint, None, "cpu")  # one face: the CPU is enough
+    if not hasattr(model, "forward_maps"):
+        raise PipelineError(checkpoint, f"model '{ckpt['model_config'].get('preset')}' regresses coordinates "
+                                        "directly and has no heatmaps (forward_maps); use a heatmap model "
+                                        "(resunet-*)")
+    pts = parse_points(points, schema_from_dict(ckpt["schema"]))
+    face, what = face_from_source(source, ckpt, cache, split)
+    path = write_png(out, heatmap_figure(model, ckpt, face, pts, tile, alpha))
+    log.info("heatmaps of %s, points %s -> %s", what, pts, path)
+    return path
+
+
 @click.command("heatmaps")
 @click.argument("image_or_index")
 @click.option("--checkpoint", required=True, help="heatmap model checkpoint (e.g. models/fold0/best.pt) or exported .onnx")
@@ -246,21 +266,7 @@ def heatmap_figure(model, ckpt: dict, face: np.ndarray, points: Sequence[int], t
 @click.option("--out", default="heatmaps.png", show_default=True)
 def heatmaps_cmd(image_or_index, checkpoint, cache, split, points, tile, alpha, out):
     """Soft-argmax probability maps of chosen keypoints over a face (cache index or photo)."""
-    from pipeline.backend import load_predictor
-    from pipeline.schema import schema_from_dict
-
-    if tile < 16:
-        raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
-    model, ckpt = load_predictor(checkpoint, None, "cpu")  # one face: the CPU is enough
-    if not hasattr(model, "forward_maps"):
-        raise PipelineError(checkpoint, f"model '{ckpt['model_config'].get('preset')}' regresses coordinates "
-                                        "directly and has no heatmaps (forward_maps); use a heatmap model "
-                                        "(resunet-*)")
-    pts = parse_points(points, schema_from_dict(ckpt["schema"]))
-    face, what = face_from_source(image_or_index, ckpt, cache, split)
-    path = write_png(out, heatmap_figure(model, ckpt, face, pts, tile, alpha))
-    log.info("heatmaps of %s, points %s -> %s", what, pts, path)
-    click.echo(str(path))
+    click.echo(str(run_heatmaps(image_or_index, checkpoint, cache, split, points, tile, alpha, out)))
 
 
 # --------------------------------------------------------------------------------------
@@ -294,13 +300,8 @@ def filter_grid(weight: np.ndarray, tile: int = 32, cols: int | None = None) -> 
     return contact_sheet(tiles, cols=cols or math.ceil(math.sqrt(o)))
 
 
-@click.command("filters")
-@click.option("--checkpoint", required=True, help="model checkpoint")
-@click.option("--out", default="filters.png", show_default=True)
-@click.option("--tile", default=32, show_default=True, help="about this many pixels per filter")
-@click.option("--cols", default=0, show_default=True, help="filters per row (0: square grid)")
-def filters_cmd(checkpoint, out, tile, cols):
-    """The first conv layer's filters of a checkpoint, as an image grid."""
+def run_filters(checkpoint: str, out: str, tile: int, cols: int) -> Path:
+    """The first conv layer's filters of a checkpoint as an image grid -> PNG."""
     from pipeline.checkpoint import load_model
 
     model, ckpt = load_model(checkpoint, "cpu")
@@ -309,4 +310,14 @@ def filters_cmd(checkpoint, out, tile, cols):
     path = write_png(out, filter_grid(weight, max(1, tile), cols or None))
     log.info("%s: %d filters %dx%d over %d channel(s) -> %s", name, *weight.shape[:1], *weight.shape[2:],
              weight.shape[1], path)
-    click.echo(str(path))
+    return path
+
+
+@click.command("filters")
+@click.option("--checkpoint", required=True, help="model checkpoint")
+@click.option("--out", default="filters.png", show_default=True)
+@click.option("--tile", default=32, show_default=True, help="about this many pixels per filter")
+@click.option("--cols", default=0, show_default=True, help="filters per row (0: square grid)")
+def filters_cmd(checkpoint, out, tile, cols):
+    """The first conv layer's filters of a checkpoint, as an image grid."""
+    click.echo(str(run_filters(checkpoint, out, tile, cols)))
