@@ -92,8 +92,8 @@ def is_cache_root(folder: Path) -> bool:
 
 # ------------------------------------------------------------------------------ readers
 
-def read_info(split: str | os.PathLike) -> dict:
-    """info.json of a cache split, with its `schema` checked (KeypointSchema in "schema_obj")."""
+def read_info(split: str | os.PathLike) -> tuple[dict, KeypointSchema]:
+    """info.json of a cache split and its keypoint schema (checked)."""
     path = Path(split) / CACHE_MARKER
     if not path.exists():
         raise PipelineError(Path(split), "no face cache here (run `pipeline crop` first)")
@@ -104,7 +104,7 @@ def read_info(split: str | os.PathLike) -> dict:
         raise
     except Exception as e:
         raise PipelineError(path, f"unreadable cache info ({type(e).__name__}: {e})") from None
-    return {**info, "schema_obj": schema}
+    return info, schema
 
 
 def read_meta(split: str | os.PathLike, columns=("index", "face_id", "group")):
@@ -144,8 +144,7 @@ def read_array(split: str | os.PathLike, name: str, mmap: bool = False, shape_k:
 def load_cache(path: str | os.PathLike) -> Cache:
     """One split of the face cache (`<cache>/train` or `<cache>/test`); faces memory-mapped."""
     path = Path(path)
-    info = read_info(path)
-    schema = info.pop("schema_obj")
+    info, schema = read_info(path)
     if "has_keypoints" not in info:
         raise PipelineError(path / CACHE_MARKER, "unreadable cache info (no 'has_keypoints')")
     has_kp = bool(info["has_keypoints"])

@@ -203,7 +203,7 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
 
     cache, predictions, out = Path(cache), Path(predictions), Path(out_dir)
     train_split, test_split = cache / "train", cache / "test"
-    schema = (read_info(train_split)["schema_obj"] if (train_split / CACHE_MARKER).exists()
+    schema = (read_info(train_split)[1] if (train_split / CACHE_MARKER).exists()
               else get_schema(cfg["data"]))
     eyes = schema.eyes
 

@@ -36,7 +36,7 @@ def run_submit(predictions_path: str | os.PathLike, cache: str | os.PathLike, ou
     coords = read_predictions(predictions_path, ("ensemble",))["ensemble"]
     test_split = Path(cache) / "test"
     n_faces = len(read_meta(test_split, columns=())) if (test_split / "meta.csv").exists() else None
-    k = read_info(test_split)["schema_obj"].k if (test_split / "info.json").exists() else None
+    k = read_info(test_split)[1].k if (test_split / "info.json").exists() else None
     return _write(coords, predictions_path, out, n_faces, k)
 
 
