@@ -159,6 +159,21 @@ def oof_bias_report(tta: np.ndarray, truth: np.ndarray, eyes, names: Sequence[st
     return report
 
 
+def leaderboard_summary(oof: dict, bias: dict, test: dict) -> dict[str, float]:
+    """The figures runs are compared by, under short flat names (one `dvc metrics show` row,
+    one `dvc exp show` column each): OOF `mae`, `nme` (flip TTA) overall and per fold
+    (`mae_f0`, `nme_f0`, ...), the leave-one-out calibrated OOF `mae_cal`, and the test
+    `test_mae`, `test_nme`, `test_mae_uncal` (before OOF calibration). Figures that do not
+    exist (no solution, untrained fold) are left out rather than written as null."""
+    ov = oof["overall"]
+    figures: dict[str, Any] = {"mae": ov["mae"], "nme": ov["nme"], "mae_cal": bias["oof_mae_cal"]}
+    for f, m in oof["per_fold"].items():
+        figures[f"mae_f{f}"] = m["mae"]
+        figures[f"nme_f{f}"] = m["nme"]
+    figures.update(test_mae=test["mae"], test_nme=test["nme"], test_mae_uncal=test.get("mae_uncal"))
+    return {k: v for k, v in figures.items() if v is not None}
+
+
 def uncalibrated_test_scores(test_npz: Path, solution: Path, eyes) -> dict[str, Any]:
     """Test MAE / NME of the ensemble before OOF calibration, when predict stored it and
     the truth exists: the leaderboard shows the test score with and without calibration."""
@@ -244,12 +259,8 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
 
     test.update(uncalibrated_test_scores(predictions / "test.npz", sol, eyes))
 
-    ov = oof["overall"]
-    summary = {"oof_mae": ov["mae"], "oof_nme": ov["nme"], "oof_mae_notta": ov["mae_notta"],
-               "oof_nme_notta": ov["nme_notta"], "oof_n": ov["n"],
-               "oof_mae_cal": bias["oof_mae_cal"], "oof_nme_cal": bias["oof_nme_cal"],
-               "test_mae": test["mae"], "test_nme": test["nme"], "test_n": test["n"],
-               "test_calibrated": test.get("calibrated"), "test_mae_uncal": test.get("mae_uncal")}
+    summary = leaderboard_summary(oof, bias, test)
+    # summary.json is the one DVC metric (a leaderboard row); the detailed files are plain outputs
     write_json(out / "bias.json", bias)
     write_json(out / "oof.json", oof)
     write_json(out / "test.json", test)
@@ -281,13 +292,12 @@ def _num(x, digits: int = 4) -> str:
 def evaluate_cmd(cache, folds_path, predictions, out_dir, submission, cfg):
     """OOF metrics per fold and overall, test metrics when a solution exists -> metrics/*.json."""
     res = run_evaluate(cfg, cache, folds_path, predictions, out_dir, submission)
-    s = res["summary"]
-    click.echo(f"OOF   MAE {_num(s['oof_mae'])} px  NME {_pct(s['oof_nme'])}  "
-               f"(no TTA: MAE {_num(s['oof_mae_notta'])}; calibrated: MAE {_num(s['oof_mae_cal'])})  "
-               f"n={s['oof_n']}")
-    if s["test_mae"] is not None:
-        click.echo(f"test  MAE {_num(s['test_mae'])} px  NME {_pct(s['test_nme'])}  n={s['test_n']}  "
-                   f"(calibrated: {s['test_calibrated']}; uncalibrated MAE {_num(s['test_mae_uncal'])})")
+    s, ov, test = res["summary"], res["oof"]["overall"], res["test"]
+    click.echo(f"OOF   MAE {_num(s.get('mae'))} px  NME {_pct(s.get('nme'))}  "
+               f"(no TTA: MAE {_num(ov['mae_notta'])}; calibrated: MAE {_num(s.get('mae_cal'))})  n={ov['n']}")
+    if test["mae"] is not None:
+        click.echo(f"test  MAE {_num(test['mae'])} px  NME {_pct(test['nme'])}  n={test['n']}  "
+                   f"(calibrated: {test.get('calibrated')}; uncalibrated MAE {_num(test.get('mae_uncal'))})")
     click.echo(f"wrote {Path(out_dir) / 'summary.json'}")
 
 
@@ -327,6 +337,16 @@ def fold_rows(oof: dict) -> list[list[Any]]:
     return [[f, m.get("n"), _num(m.get("mae")), _pct(m.get("nme")), _num(m.get("mae_notta"))] for f, m in items]
 
 
+# summary.json keys before the leaderboard layout (metrics/history.jsonl lines and DVC
+# experiments written then still rank by their figures)
+LEGACY_SUMMARY_KEYS = {"oof_mae": "mae", "oof_nme": "nme", "oof_mae_cal": "mae_cal"}
+
+
+def summary_figures(summary: dict) -> dict:
+    """A summary.json dict under the current names (older layouts renamed)."""
+    return {LEGACY_SUMMARY_KEYS.get(k, k): v for k, v in summary.items()}
+
+
 def read_history(path: Path) -> list[dict]:
     rows = []
     if not path.exists():
@@ -337,7 +357,7 @@ def read_history(path: Path) -> list[dict]:
         try:
             e = json.loads(line)
             rows.append({"source": "history", "name": e["timestamp"], "params": dict(e.get("params") or {}),
-                         "summary": dict(e.get("summary") or {})})
+                         "summary": summary_figures(dict(e.get("summary") or {}))})
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             log.warning("%s: line %d is not a history entry, skipped", path, i)
     return rows
@@ -362,7 +382,7 @@ def parse_dvc_exp_show(entries: Any, summary_path: str = "metrics/summary.json",
                 rows.append({"source": "dvc", "name": name,
                              "params": flatten({s: params[s] for s in HISTORY_SECTIONS
                                                  if isinstance(params.get(s), dict)}),
-                             "summary": summary})
+                             "summary": summary_figures(summary)})
         for exp in entry.get("experiments") or []:
             for rev in (exp or {}).get("revs") or []:
                 visit(rev)
@@ -414,7 +434,7 @@ def differing_params(rows: Sequence[dict]) -> list[str]:
 
 
 def experiment_table(rows: Sequence[dict]) -> str:
-    rows = sorted(rows, key=lambda r: _sort_key(r["summary"].get("oof_mae")))
+    rows = sorted(rows, key=lambda r: _sort_key(r["summary"].get("mae")))
     diff = differing_params(rows)
     headers = ["source", "name", "oof_mae", "oof_mae_cal", "oof_nme", "test_mae", "test_mae_uncal"] + diff
     body = []
@@ -424,8 +444,8 @@ def experiment_table(rows: Sequence[dict]) -> str:
         for k in diff:
             v = r["params"].get(k, "-")
             vals.append(json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
-        body.append([r["source"], r["name"], _num(s.get("oof_mae")), _num(s.get("oof_mae_cal")),
-                     _pct(s.get("oof_nme")), _num(s.get("test_mae")), _num(s.get("test_mae_uncal"))] + vals)
+        body.append([r["source"], r["name"], _num(s.get("mae")), _num(s.get("mae_cal")),
+                     _pct(s.get("nme")), _num(s.get("test_mae")), _num(s.get("test_mae_uncal"))] + vals)
     return format_table(headers, body)
 
 
