@@ -1,10 +1,6 @@
-"""Metrics: MAE (the competition metric) and NME, the `score`, `evaluate` and
-`leaderboard` commands.
-
-- MAE: mean absolute error over every coordinate, in original pixels.
-- NME: per face, the mean point-to-point Euclidean error divided by the distance between
-  the truth's outer eye corners (schema.eyes), averaged over faces; a fraction (x100 = %).
-"""
+"""Scoring: the `score` command (a CSV against a solution), the `evaluate` stage (OOF per
+fold and overall, test, OOF bias -> metrics/*.json) and the `leaderboard` command. The
+metrics themselves (MAE, the competition metric, and NME) are in pipeline/metrics.py."""
 
 from __future__ import annotations
 
@@ -449,6 +445,41 @@ def experiment_table(rows: Sequence[dict]) -> str:
     return format_table(headers, body)
 
 
+def fold_leaderboard(mdir: Path) -> list[str]:
+    """Lines: this run's folds by OOF MAE and its overall figures (oof.json, bias.json)."""
+    oof_path = mdir / "oof.json"
+    if not oof_path.exists():
+        return [f"no {oof_path} (run `pipeline evaluate` first)"]
+    try:
+        oof = json.loads(oof_path.read_text())
+        rows = fold_rows(oof)
+        ov = oof.get("overall", {})
+    except (json.JSONDecodeError, AttributeError, TypeError) as e:
+        raise PipelineError(oof_path, f"not a metrics file from `pipeline evaluate` ({type(e).__name__})") from None
+    bias_path = mdir / "bias.json"
+    cal = json.loads(bias_path.read_text()) if bias_path.exists() else {}
+    return [f"Folds by out-of-fold MAE ({oof_path})",
+            format_table(["fold", "n", "MAE", "NME", "MAE no-TTA"], rows),
+            f"overall: n={ov.get('n')}  MAE {_num(ov.get('mae'))}  NME {_pct(ov.get('nme'))}  "
+            f"MAE no-TTA {_num(ov.get('mae_notta'))}  MAE calibrated {_num(cal.get('oof_mae_cal'))}"
+            + (f"  untrained folds {ov['untrained_folds']}" if ov.get("untrained_folds") else "")]
+
+
+def leaderboard_text(mdir: Path, exps: bool = True) -> str:
+    """The `leaderboard` report: folds of the current run, then every past run
+    (history.jsonl, and DVC experiments when `exps`)."""
+    lines = fold_leaderboard(mdir)
+    runs = read_history(mdir / "history.jsonl")
+    if exps:
+        runs += dvc_experiments((mdir / "summary.json").as_posix())
+    lines.append("")
+    if runs:
+        lines += [f"Runs by out-of-fold MAE ({len(runs)})", experiment_table(runs)]
+    else:
+        lines.append("no past runs (metrics/history.jsonl or DVC experiments)")
+    return "\n".join(lines)
+
+
 @click.command("leaderboard")
 @click.option("--metrics", "metrics_dir", default="metrics", show_default=True,
               help="folder of oof.json and history.jsonl (from `pipeline evaluate`)")
@@ -456,30 +487,4 @@ def experiment_table(rows: Sequence[dict]) -> str:
               help="also list DVC experiments (`dvc exp show`); history.jsonl is always listed")
 def leaderboard_cmd(metrics_dir, exps):
     """Folds sorted by OOF MAE, then past runs sorted by OOF MAE with the params that differ."""
-    mdir = Path(metrics_dir)
-    oof_path = mdir / "oof.json"
-    if oof_path.exists():
-        try:
-            oof = json.loads(oof_path.read_text())
-            rows = fold_rows(oof)
-            ov = oof.get("overall", {})
-        except (json.JSONDecodeError, AttributeError, TypeError) as e:
-            raise PipelineError(oof_path, f"not a metrics file from `pipeline evaluate` ({type(e).__name__})") from None
-        click.echo(f"Folds by out-of-fold MAE ({oof_path})")
-        click.echo(format_table(["fold", "n", "MAE", "NME", "MAE no-TTA"], rows))
-        bias_path = mdir / "bias.json"
-        cal = json.loads(bias_path.read_text()) if bias_path.exists() else {}
-        click.echo(f"overall: n={ov.get('n')}  MAE {_num(ov.get('mae'))}  NME {_pct(ov.get('nme'))}  "
-                   f"MAE no-TTA {_num(ov.get('mae_notta'))}  MAE calibrated {_num(cal.get('oof_mae_cal'))}"
-                   + (f"  untrained folds {ov['untrained_folds']}" if ov.get("untrained_folds") else ""))
-    else:
-        click.echo(f"no {oof_path} (run `pipeline evaluate` first)")
-    runs = read_history(mdir / "history.jsonl")
-    if exps:
-        runs += dvc_experiments((mdir / "summary.json").as_posix())
-    click.echo("")
-    if runs:
-        click.echo(f"Runs by out-of-fold MAE ({len(runs)})")
-        click.echo(experiment_table(runs))
-    else:
-        click.echo("no past runs (metrics/history.jsonl or DVC experiments)")
+    click.echo(leaderboard_text(Path(metrics_dir), exps))

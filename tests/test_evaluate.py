@@ -3,19 +3,11 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.cli import main
+from conftest import run_cli
 from pipeline.evaluate import experiment_table, format_table, parse_dvc_exp_show, read_history
 from pipeline.metrics import mae, nme
 from pipeline.schema import IBUG68
 from pipeline.submission import write_submission
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(args)
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
 
 
 def write_csv(path, values, header="Id,Predicted"):
