@@ -64,6 +64,7 @@ import torch
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as F
 
+from pipeline.geometry import crop_to_input
 from pipeline.schema import KeypointSchema
 
 GEOMETRIC_OPS = ("ShearX", "ShearY", "TranslateX", "TranslateY", "Rotate")
@@ -79,30 +80,6 @@ ANTIALIAS_BELOW = 0.8
 # ---------------------------------------------------------------------------------------
 # crop <-> network input coordinates
 # ---------------------------------------------------------------------------------------
-
-def _rescale(points, src: int, dst: int):
-    """x' = (x + 0.5) * dst / src - 0.5 for numpy arrays or torch tensors (float dtype
-    kept, integers promoted to float64 / float32)."""
-    if isinstance(points, torch.Tensor):
-        p = points if points.is_floating_point() else points.float()
-        return p.clone() if src == dst else (p + 0.5) * (dst / src) - 0.5
-    p = np.asarray(points)
-    if not np.issubdtype(p.dtype, np.floating):
-        p = p.astype(np.float64)
-    if src == dst:
-        return p.copy()
-    return ((p + 0.5) * (dst / src) - 0.5).astype(p.dtype, copy=False)
-
-
-def crop_to_input(points, cache_size: int, input_size: int):
-    """Crop pixels (cache side `cache_size`) -> network-input pixels (side `input_size`):
-    x' = (x + 0.5) * s - 0.5 with s = input_size / cache_size. numpy or torch, (..., 2)."""
-    return _rescale(points, cache_size, input_size)
-
-
-def input_to_crop(points, cache_size: int, input_size: int):
-    """Inverse of `crop_to_input`: x = (x' + 0.5) / s - 0.5."""
-    return _rescale(points, input_size, cache_size)
 
 
 # ---------------------------------------------------------------------------------------

@@ -5,9 +5,12 @@ prediction code reads (model_config, schema, crop, epoch).
 
 * torch: the checkpoint's model in eval mode with every BatchNorm folded into the conv
   before it (one op less per layer) and in channels_last memory format (`prepare_torch`).
-* onnx: an onnxruntime session (`pipeline.export.OnnxModel`) of an exported `.onnx`
+* onnx: an onnxruntime session (`pipeline.onnx_model.OnnxModel`) of an exported `.onnx`
   file, or of a `.pt` checkpoint: its exported twin `<name>.onnx` beside it when that was
-  exported from this very checkpoint (sha256 in the JSON), else exported in memory."""
+  exported from this very checkpoint (sha256 in the JSON), else exported in memory.
+
+`load_models` loads several checkpoints that must share a schema (the image tools), and
+`predict_xml` predicts any test XML with any checkpoints (`pipeline submit --xml`)."""
 
 from __future__ import annotations
 
@@ -15,8 +18,9 @@ import copy
 import logging
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
+import numpy as np
 import torch
 from torch import nn
 
@@ -89,8 +93,8 @@ def load_predictor(path: str | os.PathLike, backend: str | None = "torch", devic
     if backend == "torch":
         model, ckpt = load_model(path, device, schema=schema)
         return prepare_torch(model), ckpt
-    from pipeline.export import (OnnxModel, export_meta, json_path, load_onnx, onnx_available, onnx_bytes,
-                                 read_export, sha256_file)
+    from pipeline.onnx_model import (OnnxModel, export_meta, json_path, load_onnx, onnx_available, onnx_bytes,
+                                     read_export, sha256_file)
 
     if not onnx_available():
         raise PipelineError(path, "--backend onnx needs onnxruntime: pip install 'pipeline[onnx]'")
@@ -115,3 +119,43 @@ def load_predictor(path: str | os.PathLike, backend: str | None = "torch", devic
     data = onnx_bytes(model, int(cfg["input_size"]), int(cfg["in_chans"]))
     meta = export_meta(ckpt, data, path, hasattr(model, "forward_maps"))
     return OnnxModel(data, cfg, threads), meta
+
+
+def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.PathLike],
+                predict_cfg: dict, data_cfg: dict, crop_cfg: dict, backend: str = "torch") -> np.ndarray:
+    """Predict any test XML with any checkpoints: (N, K, 2) original pixels, fold-averaged."""
+    from pipeline.checkpoint import checkpoint_crop
+    from pipeline.dataset import load_xml
+    from pipeline.device import resolve_device
+    from pipeline.geometry import crop_faces
+    from pipeline.inference import predict_original
+    from pipeline.schema import get_schema
+
+    if not checkpoints:
+        raise PipelineError(xml_path, "no checkpoints given")
+    schema = get_schema(data_cfg)
+    faces = load_xml(xml_path, schema, require_parts=False)
+    device = resolve_device(predict_cfg["device"])
+    crops_by_geometry: dict[tuple, tuple] = {}  # each checkpoint's faces cropped as in its training
+    preds = []
+    for path in checkpoints:
+        model, ckpt = load_predictor(path, backend, device, schema=schema)
+        key = checkpoint_crop(ckpt, path)
+        if key not in crops_by_geometry:
+            crops_by_geometry[key] = crop_faces(faces, Path(xml_path).parent, key[0], key[1], crop_cfg["n_jobs"])
+        crops, crop_to_orig = crops_by_geometry[key]
+        preds.append(predict_original(model, ckpt, crops, crop_to_orig, predict_cfg["tta"],
+                                      predict_cfg["batch_size"], device)["final"])
+    return np.mean(preds, axis=0)
+
+
+def load_models(checkpoints: Sequence[str | os.PathLike], device, backend: str = "torch") -> list[tuple]:
+    """[(model, ckpt)] for every checkpoint (.pt, or an exported .onnx: see pipeline.backend);
+    all must share the first one's schema."""
+    from pipeline.schema import schema_from_dict
+
+    if not checkpoints:
+        raise PipelineError(None, "no --checkpoint given")
+    first_model, first = load_predictor(checkpoints[0], backend, device)
+    schema = schema_from_dict(first["schema"])
+    return [(first_model, first)] + [load_predictor(p, backend, device, schema=schema) for p in checkpoints[1:]]

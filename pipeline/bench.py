@@ -41,7 +41,7 @@ import click
 import numpy as np
 import torch
 
-from pipeline.cli import config_options
+from pipeline.config import config_options
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -139,12 +139,14 @@ def demo_cache(workdir: Path, size: int, n_train: int = 96, n_test: int = 16) ->
 def bench_train(cfg: dict, preset: str, cache_dir: Path, steps: int, batch_size: int, input_size: int,
                 device: torch.device, rounds: int = 2, warmup: int = 2, options: dict | None = None) -> dict[str, float]:
     """images/s of training steps through the real data path and on a synthetic batch."""
-    from pipeline.augment import TrainAugment, crop_to_input
-    from pipeline.crop import load_cache
-    from pipeline.data import DeviceLoader, EpochSampler, FaceDataset, make_loader, normalize_batch
+    from pipeline.augment import TrainAugment
+    from pipeline.cache import load_cache
+    from pipeline.data import DeviceLoader, EpochSampler, FaceDataset, make_loader
     from pipeline.device import amp_dtype, use_channels_last
+    from pipeline.geometry import crop_to_input
     from pipeline.losses import loss_from_params
     from pipeline.models import create_model, model_flops
+    from pipeline.preprocess import normalize_batch
     from pipeline.train import StepState, build_optimizer, train_one_epoch
 
     tcfg, mcfg = cfg["train"], cfg["model"]
@@ -205,7 +207,7 @@ def bench_train(cfg: dict, preset: str, cache_dir: Path, steps: int, batch_size:
 def _faces_per_s(model, faces: np.ndarray, *, input_size: int, in_chans: int, flip_perm, batch_size: int,
                  device: torch.device, min_time: float) -> float:
     """faces/s of predict_crops over `faces`, repeated until `min_time` seconds have passed."""
-    from pipeline.predict import predict_crops
+    from pipeline.inference import predict_crops
 
     def once(x):
         predict_crops(model, x, input_size=input_size, in_chans=in_chans, flip_perm=flip_perm,
@@ -266,8 +268,9 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
     keeps its best round, so on a shared machine all of them see the same background load
     and the ratios to dlib hold even when the absolute figures do not."""
     from pipeline.backend import prepare_torch
-    from pipeline.export import OnnxModel, network_inputs, onnx_available, onnx_bytes, quantize_int8
-    from pipeline.predict import predict_crops
+    from pipeline.export import network_inputs, quantize_int8
+    from pipeline.inference import predict_crops
+    from pipeline.onnx_model import OnnxModel, onnx_available, onnx_bytes
 
     cfg = meta["model_config"]
     size, chans, perm = int(cfg["input_size"]), int(cfg["in_chans"]), list(meta["schema"]["flip"])
@@ -324,8 +327,8 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
 def _test_crops(data_dir: Path | None, cfg: dict, meta: dict, n: int = 32) -> np.ndarray | None:
     """Up to n test faces of the data set, cropped at the model's crop geometry (None: no data)."""
     from pipeline.checkpoint import checkpoint_crop
-    from pipeline.crop import crop_faces
     from pipeline.dataset import load_xml
+    from pipeline.geometry import crop_faces
     from pipeline.schema import get_schema
 
     if data_dir is None or not (data_dir / cfg["data"]["test_xml"]).exists():
@@ -402,7 +405,7 @@ def dlib_predictor():
 
 
 def _score(pred, truth, eyes) -> dict[str, float]:
-    from pipeline.evaluate import mae, nme
+    from pipeline.metrics import mae, nme
 
     return {"mae": mae(pred, truth), "nme": nme(pred, truth, eyes) if eyes is not None else float("nan")}
 
@@ -411,11 +414,11 @@ def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device
                    batch_size: int = 64, use_dlib: bool = True) -> dict[str, Any]:
     from pipeline.backend import load_predictor
     from pipeline.checkpoint import checkpoint_crop
-    from pipeline.crop import crop_faces
     from pipeline.dataset import load_xml, read_image, safe_image_path
-    from pipeline.predict import predict_original
+    from pipeline.geometry import crop_faces
+    from pipeline.inference import predict_original
     from pipeline.schema import get_schema
-    from pipeline.submit import read_solution
+    from pipeline.submission import read_solution
 
     dcfg = dict(cfg["data"], dir=str(data_dir))
     schema = get_schema(dcfg)

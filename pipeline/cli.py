@@ -3,7 +3,6 @@ so `pipeline --help` does not import torch."""
 
 from __future__ import annotations
 
-import functools
 import importlib.util
 import logging
 import sys
@@ -17,7 +16,7 @@ COMMANDS = {
     "demo-data": "pipeline.demo:demo_data_cmd",
     "crop": "pipeline.crop:crop_cmd",
     "folds": "pipeline.folds:folds_cmd",
-    "models": "pipeline.models:models_cmd",
+    "models": "pipeline.cli:models_cmd",
     "train": "pipeline.train:train_cmd",
     "predict": "pipeline.predict:predict_cmd",
     "submit": "pipeline.submit:submit_cmd",
@@ -49,20 +48,23 @@ class LazyGroup(click.Group):
         return getattr(importlib.import_module(module), attr)
 
 
-def config_options(fn):
-    """Add `--params PATH` and repeatable `--set key=value`, and pass the resolved `cfg`."""
+@click.command("models")
+@click.option("--keypoints", default=68, show_default=True, type=click.IntRange(min=1),
+              help="number of keypoints (68 = iBUG 68, 1 = nose tip)")
+@click.option("--in-chans", default=3, show_default=True, type=click.Choice(["1", "3"]),
+              help="input channels (3 colour, 1 grayscale)")
+def models_cmd(keypoints: int, in_chans: str) -> None:
+    """List the model presets: parameters, forward GFLOPs per image at the preset's
+    default input size, output type."""
+    from pipeline.models import preset_rows
 
-    @click.option("--params", "params_path", default="params.yaml", show_default=True,
-                  help="params YAML file (missing default file = built-in defaults)")
-    @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-                  help="override a param, e.g. --set train.lr=0.1 (repeatable)")
-    @functools.wraps(fn)
-    def wrapper(*args, params_path, overrides, **kwargs):
-        from pipeline.config import load_config
-
-        return fn(*args, cfg=load_config(params_path, overrides), **kwargs)
-
-    return wrapper
+    header = ("preset", "params (M)", "GFLOPs", "input", "output", "description")
+    rows = [(r["preset"], f"{r['params'] / 1e6:.2f}", f"{r['flops'] / 1e9:.3f}", str(r["input_size"]), r["output"],
+             r["doc"]) for r in preset_rows(keypoints, int(in_chans))]
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    for r in [header, *rows]:
+        click.echo("  ".join(c.rjust(w) if i in (1, 2, 3) else c.ljust(w)
+                             for i, (c, w) in enumerate(zip(r, widths))).rstrip())
 
 
 @click.group(cls=LazyGroup)

@@ -8,10 +8,12 @@ wrong type are rejected with the file and key named, never silently ignored.
 from __future__ import annotations
 
 import copy
+import functools
 import os
 from pathlib import Path
 from typing import Any, Iterable
 
+import click
 import yaml
 
 from pipeline.errors import PipelineError
@@ -222,17 +224,17 @@ def _merge(base: dict, update: dict, source: str, prefix: str = "") -> None:
             base[key] = float(value) if isinstance(DEFAULTS_FLAT.get(full), float) else value
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     out = {}
     for k, v in d.items():
         if isinstance(v, dict) and f"{prefix}{k}" not in FREE_FORM and v:
-            out.update(_flatten(v, f"{prefix}{k}."))
+            out.update(flatten(v, f"{prefix}{k}."))
         else:
             out[f"{prefix}{k}"] = v
     return out
 
 
-DEFAULTS_FLAT = _flatten(DEFAULTS)
+DEFAULTS_FLAT = flatten(DEFAULTS)
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -326,3 +328,17 @@ def write_resolved(cfg: dict, out_dir: str | os.PathLike, sections: Iterable[str
     out = Path(out_dir) / name
     write_text(out, yaml.safe_dump({s: cfg[s] for s in sections}, sort_keys=False))
     return out
+
+
+def config_options(fn):
+    """Add `--params PATH` and repeatable `--set key=value`, and pass the resolved `cfg`."""
+
+    @click.option("--params", "params_path", default="params.yaml", show_default=True,
+                  help="params YAML file (missing default file = built-in defaults)")
+    @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                  help="override a param, e.g. --set train.lr=0.1 (repeatable)")
+    @functools.wraps(fn)
+    def wrapper(*args, params_path, overrides, **kwargs):
+        return fn(*args, cfg=load_config(params_path, overrides), **kwargs)
+
+    return wrapper

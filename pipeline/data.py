@@ -15,29 +15,7 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
 
-# ImageNet statistics, applied on the device to the whole batch at once.
-MEAN = (0.485, 0.456, 0.406)
-STD = (0.229, 0.224, 0.225)
-
-
-def normalize_batch(images: torch.Tensor, channels_last: bool = False) -> torch.Tensor:
-    """uint8 (B, C, H, W) on any device -> normalised float32 (B, C, H, W)."""
-    c = images.shape[1]
-    mean = torch.tensor(MEAN[:c] if c == 3 else (sum(MEAN) / 3,), device=images.device).view(1, c, 1, 1)
-    std = torch.tensor(STD[:c] if c == 3 else (sum(STD) / 3,), device=images.device).view(1, c, 1, 1)
-    x = images.float().div_(255.0).sub_(mean).div_(std)
-    if channels_last:
-        x = x.contiguous(memory_format=torch.channels_last)
-    return x
-
-
-def faces_to_chw(faces: np.ndarray, in_chans: int) -> torch.Tensor:
-    """(N, H, W, 3) uint8 numpy -> (N, C, H, W) uint8 torch; grayscale by the BT.601 luma."""
-    t = torch.from_numpy(np.array(faces, copy=True)).permute(0, 3, 1, 2)  # copy: the cache is a read-only mmap
-    if in_chans == 1:
-        w = torch.tensor([0.299, 0.587, 0.114]).view(1, 3, 1, 1)
-        t = (t.float() * w).sum(1, keepdim=True).round().clamp_(0, 255).to(torch.uint8)
-    return t.contiguous()
+from pipeline.preprocess import faces_to_chw, normalize_batch
 
 
 class FaceDataset(Dataset):

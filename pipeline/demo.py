@@ -34,6 +34,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -42,7 +43,7 @@ import click
 import cv2
 import numpy as np
 
-from pipeline.cli import config_options
+from pipeline.config import config_options
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -346,7 +347,7 @@ def _finish(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return out
 
 
-def _render_photo(seed: int, split: int, photo: int, n_faces: int, multi_box: bool) -> dict[str, Any]:
+def render_photo(seed: int, split: int, photo: int, n_faces: int, multi_box: bool) -> dict[str, Any]:
     """One photo: its JPEG files and faces [(file name, box, (68,2) keypoints)]."""
     rng = np.random.default_rng(np.random.SeedSequence([seed, split, photo]))
     h, w = int(rng.integers(200, 321)), int(rng.integers(200, 321))
@@ -514,7 +515,7 @@ def generate_demo(out_dir: str | Path, n_train: int = 400, n_test: int = 60, see
     """Write the demo data set to `out_dir` (replaced as a whole: built in a temp folder,
     then renamed into place). Returns out_dir. layout "300w": the full set's folders,
     names and mirrored copies (n_train counts the mirrors, so it must be even)."""
-    from pipeline.crop import staging_dir
+    from pipeline.io import staging_dir
 
     if n_train < 1 or n_test < 1:
         raise PipelineError("demo-data", f"need at least one face per split, got n_train={n_train} n_test={n_test}")
@@ -533,12 +534,12 @@ def generate_demo(out_dir: str | Path, n_train: int = 400, n_test: int = 60, see
             n_drawn = n // 2 if real and split == "train" else n
             plan = _plan(seed, sid, n_drawn, allow_multi_box=split == "train" and not real)
             if n_jobs == 1:
-                photos = [_render_photo(seed, sid, p, nf, mb) for p, nf, mb in plan]
+                photos = [render_photo(seed, sid, p, nf, mb) for p, nf, mb in plan]
             else:
                 from joblib import Parallel, delayed
 
                 photos = Parallel(n_jobs=n_jobs, prefer="threads")(
-                    delayed(_render_photo)(seed, sid, p, nf, mb) for p, nf, mb in plan)
+                    delayed(render_photo)(seed, sid, p, nf, mb) for p, nf, mb in plan)
             if real:
                 files, entries, names = _to_300w(seed, split, plan, photos)
                 photo_of.update(names)
@@ -569,6 +570,16 @@ def generate_demo(out_dir: str | Path, n_train: int = 400, n_test: int = 60, see
     return out
 
 
+def run_demo_data(cfg: dict, out: str | os.PathLike) -> Path:
+    """The `demo-data` stage: the synthetic set of params `demo` into `out`."""
+    from pipeline.config import write_resolved
+
+    d = cfg["demo"]
+    generate_demo(out, d["n_train"], d["n_test"], d["seed"], layout=d["layout"])
+    write_resolved(cfg, out, ["demo"])
+    return Path(out)
+
+
 @click.command("demo-data")
 @click.argument("out", type=click.Path(file_okay=False), default="data/demo")
 @click.option("--n-train", type=int, default=None, help="training faces [params demo.n_train]")
@@ -580,13 +591,9 @@ def generate_demo(out_dir: str | Path, n_train: int = 400, n_test: int = 60, see
 @config_options
 def demo_data_cmd(out, n_train, n_test, seed, layout, cfg):
     """Write the synthetic demo data set (competition layout) to OUT."""
-    from pipeline.config import write_resolved
-
-    d = cfg["demo"]
-    d["n_train"] = d["n_train"] if n_train is None else n_train
-    d["n_test"] = d["n_test"] if n_test is None else n_test
-    d["seed"] = d["seed"] if seed is None else seed
-    d["layout"] = d["layout"] if layout is None else layout
-    generate_demo(out, d["n_train"], d["n_test"], d["seed"], layout=d["layout"])
-    write_resolved(cfg, out, ["demo"])
+    d = cfg["demo"]  # options given on the command line win over the params
+    for key, value in (("n_train", n_train), ("n_test", n_test), ("seed", seed), ("layout", layout)):
+        if value is not None:
+            d[key] = value
+    run_demo_data(cfg, out)
     click.echo(f"wrote {d['n_train']} train + {d['n_test']} test demo faces to {out}")

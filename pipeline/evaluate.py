@@ -1,10 +1,6 @@
-"""Metrics: MAE (the competition metric) and NME, the `score`, `evaluate` and
-`leaderboard` commands.
-
-- MAE: mean absolute error over every coordinate, in original pixels.
-- NME: per face, the mean point-to-point Euclidean error divided by the distance between
-  the truth's outer eye corners (schema.eyes), averaged over faces; a fraction (x100 = %).
-"""
+"""Scoring: the `score` command (a CSV against a solution), the `evaluate` stage (OOF per
+fold and overall, test, OOF bias -> metrics/*.json) and the `leaderboard` command. The
+metrics themselves (MAE, the competition metric, and NME) are in pipeline/metrics.py."""
 
 from __future__ import annotations
 
@@ -22,9 +18,14 @@ from typing import Any, Sequence
 import click
 import numpy as np
 
-from pipeline.cli import config_options
+from pipeline.cache import CACHE_MARKER, read_array, read_info, read_meta
+from pipeline.config import config_options
 from pipeline.errors import PipelineError
+from pipeline.foldsfile import read_folds
 from pipeline.io import write_json, write_text
+from pipeline.metrics import mae, nme
+from pipeline.predictions import OOF_KEYS, read_predictions
+from pipeline.schema import get_schema
 
 log = logging.getLogger(__name__)
 
@@ -33,38 +34,6 @@ HISTORY_SECTIONS = ("data", "crop", "folds", "model", "train", "predict")
 
 
 # ---------------------------------------------------------------------------- metrics
-
-def mae(pred, truth) -> float:
-    """Mean absolute error over all coordinates (pixels)."""
-    p, t = np.asarray(pred, dtype=np.float64), np.asarray(truth, dtype=np.float64)
-    if p.shape != t.shape:
-        raise ValueError(f"mae: shapes differ {p.shape} vs {t.shape}")
-    if p.size == 0:
-        raise ValueError("mae: empty arrays")
-    return float(np.mean(np.abs(p - t)))
-
-
-def nme(pred, truth, eyes: tuple[int, int] | Sequence[int] | None = (36, 45)) -> float | None:
-    """Mean over faces of mean point error / inter-ocular distance of the truth.
-
-    pred, truth: (N, K, 2). Returns a fraction, or None when `eyes` is None or out of
-    range for K. Faces whose truth eye corners coincide (distance 0) are left out; None
-    when no face is left."""
-    if eyes is None:
-        return None
-    p, t = np.asarray(pred, dtype=np.float64), np.asarray(truth, dtype=np.float64)
-    if p.shape != t.shape or p.ndim != 3 or p.shape[2] != 2:
-        raise ValueError(f"nme: need two (N, K, 2) arrays, got {p.shape} and {t.shape}")
-    e0, e1 = int(eyes[0]), int(eyes[1])
-    k = t.shape[1]
-    if not (0 <= e0 < k and 0 <= e1 < k) or e0 == e1:
-        return None
-    iod = np.linalg.norm(t[:, e0] - t[:, e1], axis=-1)
-    err = np.linalg.norm(p - t, axis=-1).mean(axis=1)
-    ok = iod > 0
-    if not ok.any():
-        return None
-    return float(np.mean(err[ok] / iod[ok]))
 
 
 def _r(x: float | None) -> float | None:
@@ -93,7 +62,7 @@ def score_files(submission: str | os.PathLike, solution: str | os.PathLike, k: i
     explicit k that does not divide the rows is an error. `n_rows` (known from the test
     cache) is what both files must hold; without it, when the two disagree, the one whose
     rows are not whole faces is blamed (the submission when both are)."""
-    from pipeline.submit import read_solution, read_submission
+    from pipeline.submission import read_solution, read_submission
 
     truth = read_solution(solution, n_rows=n_rows)
     pred = read_submission(submission)
@@ -136,33 +105,6 @@ def score_cmd(submission, solution, k, eyes, json_out):
 
 
 # ---------------------------------------------------------------------------- evaluate
-
-def _load_npz(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
-    if not path.exists():
-        raise PipelineError(path, "not found (run `pipeline predict` first)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            missing = [k for k in keys if k not in z.files]
-            if missing:
-                raise PipelineError(path, f"missing array(s) {missing} (has {sorted(z.files)})")
-            return {k: np.asarray(z[k]) for k in keys}
-    except PipelineError:
-        raise
-    except Exception as e:
-        raise PipelineError(path, f"not a readable .npz file ({type(e).__name__})") from None
-
-
-def _load_schema(cache_dir: Path, data_cfg: dict):
-    from pipeline.schema import get_schema, schema_from_dict
-
-    info = cache_dir / "train" / "info.json"
-    if info.exists():
-        try:
-            d = json.loads(info.read_text())["schema"]
-        except Exception:
-            raise PipelineError(info, "no readable schema") from None
-        return schema_from_dict(d)
-    return get_schema(data_cfg)
 
 
 def _block(pred: np.ndarray, plain: np.ndarray, truth: np.ndarray, eyes) -> dict[str, Any]:
@@ -213,17 +155,32 @@ def oof_bias_report(tta: np.ndarray, truth: np.ndarray, eyes, names: Sequence[st
     return report
 
 
+def leaderboard_summary(oof: dict, bias: dict, test: dict) -> dict[str, float]:
+    """The figures runs are compared by, under short flat names (one `dvc metrics show` row,
+    one `dvc exp show` column each): OOF `mae`, `nme` (flip TTA) overall and per fold
+    (`mae_f0`, `nme_f0`, ...), the leave-one-out calibrated OOF `mae_cal`, and the test
+    `test_mae`, `test_nme`, `test_mae_uncal` (before OOF calibration). Figures that do not
+    exist (no solution, untrained fold) are left out rather than written as null."""
+    ov = oof["overall"]
+    figures: dict[str, Any] = {"mae": ov["mae"], "nme": ov["nme"], "mae_cal": bias["oof_mae_cal"]}
+    for f, m in oof["per_fold"].items():
+        figures[f"mae_f{f}"] = m["mae"]
+        figures[f"nme_f{f}"] = m["nme"]
+    figures.update(test_mae=test["mae"], test_nme=test["nme"], test_mae_uncal=test.get("mae_uncal"))
+    return {k: v for k, v in figures.items() if v is not None}
+
+
 def uncalibrated_test_scores(test_npz: Path, solution: Path, eyes) -> dict[str, Any]:
     """Test MAE / NME of the ensemble before OOF calibration, when predict stored it and
     the truth exists: the leaderboard shows the test score with and without calibration."""
-    from pipeline.submit import read_solution
+    from pipeline.submission import read_solution
 
     if not (test_npz.exists() and solution.exists()):
         return {}
-    with np.load(test_npz, allow_pickle=False) as z:
-        if "ensemble_raw" not in z.files:  # from a predict before calibration existed
-            return {}
-        raw, calibrated = z["ensemble_raw"].astype(np.float64), bool(z["calibrated"])  # (N, K, 2)
+    z = read_predictions(test_npz, (), optional=("ensemble_raw", "calibrated"))
+    if "ensemble_raw" not in z:  # from a predict before calibration existed
+        return {}
+    raw, calibrated = z["ensemble_raw"].astype(np.float64), bool(z["calibrated"])  # (N, K, 2)
     truth = read_solution(solution)
     if truth.size != raw.size:
         return {"calibrated": calibrated}
@@ -245,9 +202,9 @@ def _append_history(path: Path, entry: dict) -> None:
 
 
 def flat_params(cfg: dict, sections: Sequence[str] = HISTORY_SECTIONS) -> dict[str, Any]:
-    from pipeline.config import _flatten
+    from pipeline.config import flatten
 
-    return _flatten({s: cfg[s] for s in sections if s in cfg})
+    return flatten({s: cfg[s] for s in sections if s in cfg})
 
 
 def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathLike,
@@ -256,35 +213,25 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
     from pipeline.config import write_resolved
 
     cache, predictions, out = Path(cache), Path(predictions), Path(out_dir)
-    schema = _load_schema(cache, cfg["data"])
+    train_split, test_split = cache / "train", cache / "test"
+    schema = (read_info(train_split)[1] if (train_split / CACHE_MARKER).exists()
+              else get_schema(cfg["data"]))
     eyes = schema.eyes
 
     # OOF
-    truth_path = cache / "train" / "keypoints_orig.npy"
-    if not truth_path.exists():
-        raise PipelineError(truth_path, "not found (run `pipeline crop` first)")
-    try:
-        truth = np.load(truth_path, allow_pickle=False).astype(np.float64)
-    except Exception as e:
-        raise PipelineError(truth_path, f"not a readable .npy file ({type(e).__name__})") from None
-    if truth.ndim != 3 or truth.shape[2] != 2:
-        raise PipelineError(truth_path, f"expected shape (N, K, 2), got {truth.shape}")
+    truth = read_array(train_split, "keypoints_orig").astype(np.float64)  # (N, K, 2)
     oof_path = predictions / "oof.npz"
-    z = _load_npz(oof_path, ("tta", "plain", "fold"))
+    z = read_predictions(oof_path, OOF_KEYS)
     for key in ("tta", "plain"):
         if z[key].shape != truth.shape:
-            raise PipelineError(oof_path, f"'{key}' has shape {z[key].shape}, truth {truth_path} has {truth.shape}")
+            raise PipelineError(oof_path, f"'{key}' has shape {z[key].shape}, truth "
+                                          f"{train_split / 'keypoints_orig.npy'} has {truth.shape}")
     fold = z["fold"].reshape(-1)
     if len(fold) != len(truth):
         raise PipelineError(oof_path, f"'fold' has {len(fold)} entries for {len(truth)} faces")
     folds_path = Path(folds_path)
     if folds_path.exists():
-        import pandas as pd
-
-        try:
-            folds_fold = pd.read_csv(folds_path)["fold"].to_numpy()
-        except Exception as e:
-            raise PipelineError(folds_path, f"no readable 'fold' column ({type(e).__name__})") from None
+        folds_fold = read_folds(folds_path)
         if len(folds_fold) != len(fold) or not np.array_equal(folds_fold, fold):
             raise PipelineError(oof_path, f"folds differ from {folds_path}; rerun `pipeline predict`")
     oof = oof_metrics(z["tta"].astype(np.float64), z["plain"].astype(np.float64), fold, truth, eyes)
@@ -301,20 +248,15 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
             raise PipelineError(sub, "submission not found (run `pipeline submit` first)")
         log.info("no submission at %s: test set not scored", sub)
     else:
-        from pipeline.submit import cache_face_count
-
-        n_test = cache_face_count(cache / "test")  # the solution must cover the test faces
+        # the solution must cover the test faces
+        n_test = len(read_meta(test_split, columns=())) if (test_split / "meta.csv").exists() else None
         s = score_files(sub, sol, schema.k, eyes, None if n_test is None else n_test * schema.k * 2)
         test = {"mae": s["mae"], "nme": s["nme"], "n": s["faces"], "solution": str(sol), "submission": str(sub)}
 
     test.update(uncalibrated_test_scores(predictions / "test.npz", sol, eyes))
 
-    ov = oof["overall"]
-    summary = {"oof_mae": ov["mae"], "oof_nme": ov["nme"], "oof_mae_notta": ov["mae_notta"],
-               "oof_nme_notta": ov["nme_notta"], "oof_n": ov["n"],
-               "oof_mae_cal": bias["oof_mae_cal"], "oof_nme_cal": bias["oof_nme_cal"],
-               "test_mae": test["mae"], "test_nme": test["nme"], "test_n": test["n"],
-               "test_calibrated": test.get("calibrated"), "test_mae_uncal": test.get("mae_uncal")}
+    summary = leaderboard_summary(oof, bias, test)
+    # summary.json is the one DVC metric (a leaderboard row); the detailed files are plain outputs
     write_json(out / "bias.json", bias)
     write_json(out / "oof.json", oof)
     write_json(out / "test.json", test)
@@ -346,13 +288,12 @@ def _num(x, digits: int = 4) -> str:
 def evaluate_cmd(cache, folds_path, predictions, out_dir, submission, cfg):
     """OOF metrics per fold and overall, test metrics when a solution exists -> metrics/*.json."""
     res = run_evaluate(cfg, cache, folds_path, predictions, out_dir, submission)
-    s = res["summary"]
-    click.echo(f"OOF   MAE {_num(s['oof_mae'])} px  NME {_pct(s['oof_nme'])}  "
-               f"(no TTA: MAE {_num(s['oof_mae_notta'])}; calibrated: MAE {_num(s['oof_mae_cal'])})  "
-               f"n={s['oof_n']}")
-    if s["test_mae"] is not None:
-        click.echo(f"test  MAE {_num(s['test_mae'])} px  NME {_pct(s['test_nme'])}  n={s['test_n']}  "
-                   f"(calibrated: {s['test_calibrated']}; uncalibrated MAE {_num(s['test_mae_uncal'])})")
+    s, ov, test = res["summary"], res["oof"]["overall"], res["test"]
+    click.echo(f"OOF   MAE {_num(s.get('mae'))} px  NME {_pct(s.get('nme'))}  "
+               f"(no TTA: MAE {_num(ov['mae_notta'])}; calibrated: MAE {_num(s.get('mae_cal'))})  n={ov['n']}")
+    if test["mae"] is not None:
+        click.echo(f"test  MAE {_num(test['mae'])} px  NME {_pct(test['nme'])}  n={test['n']}  "
+                   f"(calibrated: {test.get('calibrated')}; uncalibrated MAE {_num(test.get('mae_uncal'))})")
     click.echo(f"wrote {Path(out_dir) / 'summary.json'}")
 
 
@@ -392,6 +333,16 @@ def fold_rows(oof: dict) -> list[list[Any]]:
     return [[f, m.get("n"), _num(m.get("mae")), _pct(m.get("nme")), _num(m.get("mae_notta"))] for f, m in items]
 
 
+# summary.json keys before the leaderboard layout (metrics/history.jsonl lines and DVC
+# experiments written then still rank by their figures)
+LEGACY_SUMMARY_KEYS = {"oof_mae": "mae", "oof_nme": "nme", "oof_mae_cal": "mae_cal"}
+
+
+def summary_figures(summary: dict) -> dict:
+    """A summary.json dict under the current names (older layouts renamed)."""
+    return {LEGACY_SUMMARY_KEYS.get(k, k): v for k, v in summary.items()}
+
+
 def read_history(path: Path) -> list[dict]:
     rows = []
     if not path.exists():
@@ -402,7 +353,7 @@ def read_history(path: Path) -> list[dict]:
         try:
             e = json.loads(line)
             rows.append({"source": "history", "name": e["timestamp"], "params": dict(e.get("params") or {}),
-                         "summary": dict(e.get("summary") or {})})
+                         "summary": summary_figures(dict(e.get("summary") or {}))})
         except (json.JSONDecodeError, KeyError, TypeError, ValueError):
             log.warning("%s: line %d is not a history entry, skipped", path, i)
     return rows
@@ -411,7 +362,7 @@ def read_history(path: Path) -> list[dict]:
 def parse_dvc_exp_show(entries: Any, summary_path: str = "metrics/summary.json",
                        params_file: str = "params.yaml") -> list[dict]:
     """Rows from `dvc exp show --json` (DVC 3): baselines and their experiments, not the workspace."""
-    from pipeline.config import _flatten
+    from pipeline.config import flatten
 
     rows: list[dict] = []
 
@@ -425,9 +376,9 @@ def parse_dvc_exp_show(entries: Any, summary_path: str = "metrics/summary.json",
             if summary:
                 name = entry.get("name") or str(entry.get("rev", ""))[:7]
                 rows.append({"source": "dvc", "name": name,
-                             "params": _flatten({s: params[s] for s in HISTORY_SECTIONS
+                             "params": flatten({s: params[s] for s in HISTORY_SECTIONS
                                                  if isinstance(params.get(s), dict)}),
-                             "summary": summary})
+                             "summary": summary_figures(summary)})
         for exp in entry.get("experiments") or []:
             for rev in (exp or {}).get("revs") or []:
                 visit(rev)
@@ -479,7 +430,7 @@ def differing_params(rows: Sequence[dict]) -> list[str]:
 
 
 def experiment_table(rows: Sequence[dict]) -> str:
-    rows = sorted(rows, key=lambda r: _sort_key(r["summary"].get("oof_mae")))
+    rows = sorted(rows, key=lambda r: _sort_key(r["summary"].get("mae")))
     diff = differing_params(rows)
     headers = ["source", "name", "oof_mae", "oof_mae_cal", "oof_nme", "test_mae", "test_mae_uncal"] + diff
     body = []
@@ -489,9 +440,44 @@ def experiment_table(rows: Sequence[dict]) -> str:
         for k in diff:
             v = r["params"].get(k, "-")
             vals.append(json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
-        body.append([r["source"], r["name"], _num(s.get("oof_mae")), _num(s.get("oof_mae_cal")),
-                     _pct(s.get("oof_nme")), _num(s.get("test_mae")), _num(s.get("test_mae_uncal"))] + vals)
+        body.append([r["source"], r["name"], _num(s.get("mae")), _num(s.get("mae_cal")),
+                     _pct(s.get("nme")), _num(s.get("test_mae")), _num(s.get("test_mae_uncal"))] + vals)
     return format_table(headers, body)
+
+
+def fold_leaderboard(mdir: Path) -> list[str]:
+    """Lines: this run's folds by OOF MAE and its overall figures (oof.json, bias.json)."""
+    oof_path = mdir / "oof.json"
+    if not oof_path.exists():
+        return [f"no {oof_path} (run `pipeline evaluate` first)"]
+    try:
+        oof = json.loads(oof_path.read_text())
+        rows = fold_rows(oof)
+        ov = oof.get("overall", {})
+    except (json.JSONDecodeError, AttributeError, TypeError) as e:
+        raise PipelineError(oof_path, f"not a metrics file from `pipeline evaluate` ({type(e).__name__})") from None
+    bias_path = mdir / "bias.json"
+    cal = json.loads(bias_path.read_text()) if bias_path.exists() else {}
+    return [f"Folds by out-of-fold MAE ({oof_path})",
+            format_table(["fold", "n", "MAE", "NME", "MAE no-TTA"], rows),
+            f"overall: n={ov.get('n')}  MAE {_num(ov.get('mae'))}  NME {_pct(ov.get('nme'))}  "
+            f"MAE no-TTA {_num(ov.get('mae_notta'))}  MAE calibrated {_num(cal.get('oof_mae_cal'))}"
+            + (f"  untrained folds {ov['untrained_folds']}" if ov.get("untrained_folds") else "")]
+
+
+def leaderboard_text(mdir: Path, exps: bool = True) -> str:
+    """The `leaderboard` report: folds of the current run, then every past run
+    (history.jsonl, and DVC experiments when `exps`)."""
+    lines = fold_leaderboard(mdir)
+    runs = read_history(mdir / "history.jsonl")
+    if exps:
+        runs += dvc_experiments((mdir / "summary.json").as_posix())
+    lines.append("")
+    if runs:
+        lines += [f"Runs by out-of-fold MAE ({len(runs)})", experiment_table(runs)]
+    else:
+        lines.append("no past runs (metrics/history.jsonl or DVC experiments)")
+    return "\n".join(lines)
 
 
 @click.command("leaderboard")
@@ -501,30 +487,4 @@ def experiment_table(rows: Sequence[dict]) -> str:
               help="also list DVC experiments (`dvc exp show`); history.jsonl is always listed")
 def leaderboard_cmd(metrics_dir, exps):
     """Folds sorted by OOF MAE, then past runs sorted by OOF MAE with the params that differ."""
-    mdir = Path(metrics_dir)
-    oof_path = mdir / "oof.json"
-    if oof_path.exists():
-        try:
-            oof = json.loads(oof_path.read_text())
-            rows = fold_rows(oof)
-            ov = oof.get("overall", {})
-        except (json.JSONDecodeError, AttributeError, TypeError) as e:
-            raise PipelineError(oof_path, f"not a metrics file from `pipeline evaluate` ({type(e).__name__})") from None
-        click.echo(f"Folds by out-of-fold MAE ({oof_path})")
-        click.echo(format_table(["fold", "n", "MAE", "NME", "MAE no-TTA"], rows))
-        bias_path = mdir / "bias.json"
-        cal = json.loads(bias_path.read_text()) if bias_path.exists() else {}
-        click.echo(f"overall: n={ov.get('n')}  MAE {_num(ov.get('mae'))}  NME {_pct(ov.get('nme'))}  "
-                   f"MAE no-TTA {_num(ov.get('mae_notta'))}  MAE calibrated {_num(cal.get('oof_mae_cal'))}"
-                   + (f"  untrained folds {ov['untrained_folds']}" if ov.get("untrained_folds") else ""))
-    else:
-        click.echo(f"no {oof_path} (run `pipeline evaluate` first)")
-    runs = read_history(mdir / "history.jsonl")
-    if exps:
-        runs += dvc_experiments((mdir / "summary.json").as_posix())
-    click.echo("")
-    if runs:
-        click.echo(f"Runs by out-of-fold MAE ({len(runs)})")
-        click.echo(experiment_table(runs))
-    else:
-        click.echo("no past runs (metrics/history.jsonl or DVC experiments)")
+    click.echo(leaderboard_text(Path(metrics_dir), exps))

@@ -59,7 +59,7 @@ INSTALL = {"mtcnn": "pip install --no-deps facenet-pytorch (see README: its pins
 
 def available(name: str) -> bool:
     if name == "haar":
-        from pipeline.detect import cascade_available
+        from pipeline.haar import cascade_available
 
         return cascade_available()
     module = {"mtcnn": "facenet_pytorch", "dlib": "dlib"}[name]
@@ -81,7 +81,7 @@ def resolve(name: str | None = "auto") -> str:
 
 def _scaled(image: np.ndarray) -> tuple[np.ndarray, float]:
     """The photo at most HAAR_MAX_SIDE px on its longer side, and that scale (<= 1)."""
-    from pipeline.detect import HAAR_MAX_SIDE
+    from pipeline.haar import HAAR_MAX_SIDE
 
     h, w = image.shape[:2]
     scale = min(1.0, HAAR_MAX_SIDE / max(h, w))
@@ -91,7 +91,7 @@ def _scaled(image: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def _min_side(image: np.ndarray) -> int:
-    from pipeline.detect import HAAR_MIN_FRACTION, HAAR_MIN_PX
+    from pipeline.haar import HAAR_MIN_FRACTION, HAAR_MIN_PX
 
     return max(HAAR_MIN_PX, int(HAAR_MIN_FRACTION * min(image.shape[:2])))
 
@@ -142,7 +142,7 @@ class Detector:
     """`detector(image)` -> (boxes in the training convention (M, 4), raw boxes (M, 4))."""
 
     def __init__(self, name: str):
-        from pipeline.detect import HAAR_TO_BOX, detect_faces, require_cascade
+        from pipeline.haar import HAAR_TO_BOX, detect_faces, require_cascade
 
         self.name = name
         self.description = DESCRIPTION[name]
@@ -156,7 +156,7 @@ class Detector:
         self.to_box = TO_BOX[name]
 
     def __call__(self, image: np.ndarray, max_faces: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        from pipeline.detect import haar_to_box
+        from pipeline.haar import haar_to_box
 
         raw = self.raw(image)
         if max_faces > 0:
@@ -191,7 +191,7 @@ def _photos(xml_path: Path, limit: int | None) -> list[tuple[str, np.ndarray]]:
 
 def match(gt: np.ndarray, det: np.ndarray, min_iou: float) -> list[tuple[int, int, float]]:
     """Greedy one-to-one matching, best IoU first: [(gt index, det index, IoU >= min_iou)]."""
-    from pipeline.detect import iou
+    from pipeline.haar import iou
 
     if not len(gt) or not len(det):
         return []
@@ -260,3 +260,10 @@ def evaluate(xml_path: str | os.PathLike, detector: str, min_iou: float = 0.5, l
     return {"detector": det.description, "photos": len(images), "boxes": n_gt, "recall": n_hit / max(n_gt, 1),
             "unmatched_per_photo": n_unmatched / max(len(images), 1),
             "median_iou": float(np.median(ious)) if ious else 0.0, "photos_per_s": len(images) / max(spent, 1e-9)}
+
+
+def locate_faces(image: np.ndarray, max_faces: int = 0, detector: str | None = "auto") -> tuple[np.ndarray, np.ndarray]:
+    """(boxes in the training convention (M, 4), raw detector boxes (M, 4)), largest first."""
+    from pipeline.facedet import get_detector
+
+    return get_detector(detector)(image, max_faces)

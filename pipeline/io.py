@@ -7,12 +7,18 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import os
+import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
+
+from pipeline.errors import PipelineError
+
+log = logging.getLogger(__name__)
 
 _UMASK = os.umask(0)
 os.umask(_UMASK)
@@ -86,3 +92,57 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+@contextlib.contextmanager
+def staging_dir(dest: str | os.PathLike, marker: str,
+                is_ours: Callable[[Path], bool] | None = None) -> Iterator[Path]:
+    """Yield an empty temp folder beside `dest`; when the block succeeds it replaces `dest`
+    as a whole (rename), else it is removed. An existing `dest` is only replaced when it is
+    empty, holds `marker` or passes `is_ours` (i.e. it is an earlier output of the same
+    stage), so a mistyped path never deletes someone's folder. Temp folders that a killed
+    run (kill -9) left beside `dest` are removed first; a failed write (a full disk) is a
+    PipelineError naming `dest`, and `dest` is left as it was."""
+    dest = Path(dest)
+    if dest.exists():
+        if not dest.is_dir():
+            raise PipelineError(dest, "exists and is not a folder")
+        if any(dest.iterdir()) and not (dest / marker).exists() and not (is_ours and is_ours(dest)):
+            raise PipelineError(dest, f"exists and is not an output of this stage (no {marker}); "
+                                      "refusing to replace it")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    for stale in [*dest.parent.glob(f".{dest.name}.tmp-*"), *dest.parent.glob(f".{dest.name}.old-*")]:
+        log.info("removing %s left by an interrupted run", stale)
+        shutil.rmtree(stale, ignore_errors=True)
+    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+    try:
+        yield tmp
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the output is not
+        publish_dir(tmp, dest)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PipelineError(dest, f"writing failed ({e.strerror or type(e).__name__}); left as it was") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def publish_dir(tmp: Path, dest: Path) -> None:
+    """Rename the finished folder `tmp` onto `dest` (the old one is moved aside first)."""
+    old = None
+    if dest.exists():
+        old = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.old-"))
+        os.replace(dest, old / "x")
+    os.replace(tmp, dest)
+    if old is not None:
+        shutil.rmtree(old, ignore_errors=True)
+
+
+def write_bytes(path: str | os.PathLike, data: bytes, suffix: str = "") -> Path:
+    """Write bytes atomically (temp file + rename); `suffix` as in atomic_path."""
+    path = Path(path)
+    with atomic_path(path, suffix=suffix) as tmp:
+        tmp.write_bytes(data)
+    return path

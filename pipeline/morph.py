@@ -22,7 +22,7 @@ import click
 import cv2
 import numpy as np
 
-from pipeline.cli import config_options
+from pipeline.config import config_options
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -141,16 +141,16 @@ def encode_gif(frames: Sequence[np.ndarray], delay_cs: int = 8, loop: int = 0,
 
 def write_gif(path: str | os.PathLike, frames: Sequence[np.ndarray], delay_cs: int = 8, loop: int = 0) -> Path:
     """An animated GIF of RGB frames, written to a temp file and renamed."""
-    from pipeline.viz import publish
+    from pipeline.io import write_bytes
 
-    return publish(path, encode_gif(frames, delay_cs, loop), ".gif")
+    return write_bytes(path, encode_gif(frames, delay_cs, loop), ".gif")
 
 
 def write_mp4(path: str | os.PathLike, frames: Sequence[np.ndarray], fps: float) -> Path:
     """MP4 (mp4v) through cv2.VideoWriter; written to a temp .mp4, then renamed."""
     import tempfile
 
-    from pipeline.viz import publish
+    from pipeline.io import write_bytes
 
     path = Path(path)
     h, w = frames[0].shape[:2]
@@ -166,7 +166,7 @@ def write_mp4(path: str | os.PathLike, frames: Sequence[np.ndarray], fps: float)
                 vw.write(cv2.cvtColor(f, cv2.COLOR_RGB2BGR))
         finally:
             vw.release()
-        return publish(path, real.read_bytes(), ".mp4")
+        return write_bytes(path, real.read_bytes(), ".mp4")
 
 
 # --------------------------------------------------------------------------------------
@@ -265,29 +265,46 @@ def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, 
                expand: float, data_dir: str | None, device) -> tuple[np.ndarray, np.ndarray, str]:
     """(face frame (size, size, 3) RGB, its keypoints (K, 2) frame px, description) for a
     photo path (largest detected face) or an index into the cache split (its photo and box)."""
-    from pipeline.crop import DEMO_DIR, crop_one, crop_transform, load_cache, to_crop
-    from pipeline.dataset import read_image
-    from pipeline.detect import locate_faces, predict_boxes
-    from pipeline.viz import PhotoReader, _is_index, meta_box
+    from pipeline.cache import DEMO_DIR
+    from pipeline.geometry import crop_one, crop_transform, to_crop
+    from pipeline.inference import predict_boxes
+    from pipeline.photos import PhotoReader, cache_face, face_in_photo, is_index, meta_box
 
-    if _is_index(source):
-        cache = load_cache(Path(cache_dir) / split)
-        i = int(source)
-        if not 0 <= i < len(cache):
-            raise PipelineError(Path(cache_dir) / split, f"face index {i} out of range (0..{len(cache) - 1})")
+    if is_index(source):
+        cache, i = cache_face(cache_dir, split, int(source))
         row = cache.meta.iloc[i]
         root = Path(data_dir or cfg["data"]["dir"] or DEMO_DIR)
         image = PhotoReader(root, cache.info.get("xml", root))(row.image)
         box, what = np.array(meta_box(row)), f"{split} face {i}"
     else:
-        image = read_image(source)
-        boxes, _ = locate_faces(image)
-        if not len(boxes):
-            raise PipelineError(source, "no face found in the photo")
-        box, what = boxes[0], Path(source).name
+        image, box = face_in_photo(source)
+        what = Path(source).name
     pts = predict_boxes(image, box[None], models, "flip", device)[0]
     a = crop_transform(box, expand, size)
     return crop_one(image, a, size), to_crop(pts[None], a[None])[0], what
+
+
+def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, size: int, expand: float,
+              cache: str, split: str, data_dir: str | None, mp4: bool, device: str, backend: str,
+              cfg: dict) -> list[Path]:
+    """Frames morphing face A into face B -> GIF (and MP4); returns the files written."""
+    from pipeline.backend import load_models
+    from pipeline.device import resolve_device
+
+    if n_frames < 2:
+        raise PipelineError(None, f"--frames must be >= 2, got {n_frames}")
+    if size < 16 or expand <= 0 or fps <= 0:
+        raise PipelineError(None, "--size must be >= 16, --expand and --fps > 0")
+    dev = resolve_device(device)
+    models = load_models(checkpoints, dev, backend)
+    fa, pa, wa = morph_face(a, models, cfg, cache, split, size, expand, data_dir, dev)
+    fb, pb, wb = morph_face(b, models, cfg, cache, split, size, expand, data_dir, dev)
+    frames = morph_frames(fa, fb, pa, pb, n_frames)
+    written = [write_gif(out, frames, delay_cs=max(2, round(100 / fps)))]
+    log.info("morph %s -> %s: %d frames of %dx%d -> %s", wa, wb, len(frames), size, size, written[0])
+    if mp4:
+        written.append(write_mp4(Path(out).with_suffix(".mp4"), frames, fps))
+    return written
 
 
 @click.command("morph")
@@ -310,20 +327,6 @@ def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, 
 @config_options
 def morph_cmd(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split, data_dir, mp4, device, backend, cfg):
     """Morph face A into face B (photo paths or test-cache indices) as an animated GIF."""
-    from pipeline.detect import load_models
-    from pipeline.device import resolve_device
-
-    if n_frames < 2:
-        raise PipelineError(None, f"--frames must be >= 2, got {n_frames}")
-    if size < 16 or expand <= 0 or fps <= 0:
-        raise PipelineError(None, "--size must be >= 16, --expand and --fps > 0")
-    dev = resolve_device(device)
-    models = load_models(checkpoints, dev, backend)
-    fa, pa, wa = morph_face(a, models, cfg, cache, split, size, expand, data_dir, dev)
-    fb, pb, wb = morph_face(b, models, cfg, cache, split, size, expand, data_dir, dev)
-    frames = morph_frames(fa, fb, pa, pb, n_frames)
-    path = write_gif(out, frames, delay_cs=max(2, round(100 / fps)))
-    log.info("morph %s -> %s: %d frames of %dx%d -> %s", wa, wb, len(frames), size, size, path)
-    click.echo(str(path))
-    if mp4:
-        click.echo(str(write_mp4(Path(out).with_suffix(".mp4"), frames, fps)))
+    for path in run_morph(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split, data_dir, mp4, device,
+                          backend, cfg):
+        click.echo(str(path))

@@ -17,8 +17,7 @@ import click
 import numpy as np
 import torch
 
-from pipeline.cli import config_options
-from pipeline.config import params_source
+from pipeline.config import config_options, params_source
 from pipeline.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -162,8 +161,8 @@ class _RunningLoss:
 
 def evaluate(model, cache, val_idx: np.ndarray, ckpt_like: dict, batch_size: int, device) -> dict[str, float]:
     """Validation MAE and NME in original-image pixels (no TTA, to keep epochs short)."""
-    from pipeline.evaluate import mae, nme
-    from pipeline.predict import predict_original
+    from pipeline.inference import predict_original
+    from pipeline.metrics import mae, nme
 
     if len(val_idx) == 0:
         return {"mae": float("nan"), "nme": float("nan")}
@@ -212,9 +211,9 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     """Train fold `fold`; returns the final metrics. `max_epochs` stops early (for tests of
     interruption): the schedule still follows train.epochs."""
     from pipeline.augment import TrainAugment
+    from pipeline.cache import load_cache
     from pipeline.checkpoint import load_checkpoint, save_checkpoint
     from pipeline.config import write_resolved
-    from pipeline.crop import load_cache
     from pipeline.data import DeviceLoader, EpochSampler, FaceDataset, make_loader
     from pipeline.device import amp_dtype, resolve_device, use_channels_last
     from pipeline.io import remove_stale_temps, write_json
@@ -226,7 +225,7 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     cache = load_cache(Path(cache_dir) / "train")
     if cache.keypoints is None:
         raise PipelineError(Path(cache_dir) / "train", "training cache has no keypoints")
-    from pipeline.folds import read_folds
+    from pipeline.foldsfile import read_folds
 
     fold_of = read_folds(folds_path, cache.meta, Path(cache_dir) / "train")  # rows must be the cache's faces
     k = int(fold_of.max()) + 1
@@ -264,7 +263,7 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
 
     # the mean shape of this fold's training faces (input px) fixes the structure-loss neighbours
-    from pipeline.augment import crop_to_input
+    from pipeline.geometry import crop_to_input
     mean_shape = crop_to_input(cache.keypoints[train_idx].mean(0).astype(np.float64), cache_size, input_size)
     neighbours = torch.as_tensor(schema.neighbours(mean_shape), device=device)
     heatmap_model = hasattr(model, "forward_maps")

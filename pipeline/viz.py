@@ -5,15 +5,12 @@
 - `pipeline heatmaps`: the soft-argmax probability maps of chosen keypoints over a face;
 - `pipeline filters`: the first conv layer's filters of a checkpoint.
 
-The drawing helpers here (part colours, points, labels, sheets) are shared with
-`predict-image` (pipeline/detect.py) and `morph` (pipeline/morph.py). Images are RGB
-uint8 in memory (docs/design.md) and converted to BGR only when written."""
+Drawing is pipeline/draw.py's kit; faces come from pipeline/photos.py."""
 
 from __future__ import annotations
 
 import logging
 import math
-import os
 from pathlib import Path
 from typing import Sequence
 
@@ -21,21 +18,16 @@ import click
 import cv2
 import numpy as np
 
-from pipeline.cli import config_options
+from pipeline.config import config_options
+from pipeline.draw import (PRED_COLOR, TRUTH_COLOR, contact_sheet, draw_box, draw_lines, draw_points, point_colors,
+                           put_label, write_png)
 from pipeline.errors import PipelineError
+from pipeline.geometry import box_corners
+from pipeline.metrics import per_face_mae
+from pipeline.photos import PhotoReader, meta_box
 
 log = logging.getLogger(__name__)
 
-# one colour per face part (RGB), in the order of schema.groups
-PART_COLORS = [(255, 200, 0), (0, 200, 255), (255, 90, 200), (80, 255, 80), (255, 80, 80), (160, 120, 255),
-               (255, 255, 255), (255, 160, 60)]
-TRUTH_COLOR = (40, 230, 40)
-PRED_COLOR = (255, 50, 50)
-BOX_COLOR = (255, 230, 0)
-SHEET_BG = (24, 24, 24)
-HEADER_H = 20
-GAP = 2
-FONT = cv2.FONT_HERSHEY_SIMPLEX
 
 # iBUG 68: eye outer corners, nose tip, mouth corners (the seed's interpretability figure)
 DEFAULT_HEATMAP_POINTS = (36, 45, 30, 48, 54)
@@ -45,125 +37,9 @@ DEFAULT_HEATMAP_POINTS = (36, 45, 30, 48, 54)
 # drawing helpers
 
 
-def point_colors(schema, k: int | None = None) -> list[tuple[int, int, int]]:
-    """RGB colour of each keypoint by face part (schema.groups); one colour without groups."""
-    k = schema.k if k is None else k
-    colors = [PART_COLORS[0]] * k
-    for g, idx in enumerate(getattr(schema, "groups", {}).values()):
-        for i in idx:
-            if i < k:
-                colors[i] = PART_COLORS[g % len(PART_COLORS)]
-    return colors
-
-
-def _fix(v: float) -> int:
-    return int(round(float(v) * 16))  # 4 fractional bits (shift=4): sub-pixel drawing
-
-
-def draw_points(img: np.ndarray, pts: np.ndarray, colors, radius: float = 1.5) -> np.ndarray:
-    """Filled anti-aliased dots at (K, 2) pixel-centre coordinates, in place. `colors` is one
-    colour or one per point. Non-finite points are skipped."""
-    pts = np.asarray(pts, dtype=np.float64).reshape(-1, 2)
-    if isinstance(colors, tuple):
-        colors = [colors] * len(pts)
-    r = max(1, _fix(radius))
-    for (x, y), c in zip(pts, colors):
-        if np.isfinite(x) and np.isfinite(y):
-            cv2.circle(img, (_fix(x), _fix(y)), r, tuple(int(v) for v in c), -1, cv2.LINE_AA, shift=4)
-    return img
-
-
-def draw_lines(img: np.ndarray, a: np.ndarray, b: np.ndarray, color, thickness: int = 1) -> np.ndarray:
-    for p, q in zip(np.asarray(a).reshape(-1, 2), np.asarray(b).reshape(-1, 2)):
-        if np.all(np.isfinite(p)) and np.all(np.isfinite(q)):
-            cv2.line(img, (_fix(p[0]), _fix(p[1])), (_fix(q[0]), _fix(q[1])), color, thickness, cv2.LINE_AA, shift=4)
-    return img
-
-
-def draw_box(img: np.ndarray, corners: np.ndarray, color=BOX_COLOR, thickness: int = 1) -> np.ndarray:
-    """Rectangle from two pixel-centre corners [[x0, y0], [x1, y1]], in place."""
-    (x0, y0), (x1, y1) = np.asarray(corners, dtype=np.float64)
-    cv2.rectangle(img, (_fix(x0), _fix(y0)), (_fix(x1), _fix(y1)), color, thickness, cv2.LINE_AA, shift=4)
-    return img
-
-
-def box_corners(box: Sequence[float]) -> np.ndarray:
-    """[left, top, w, h] in edge coordinates -> pixel-centre corners [[x0, y0], [x1, y1]]."""
-    left, top, w, h = (float(v) for v in box)
-    return np.array([[left - 0.5, top - 0.5], [left + w - 0.5, top + h - 0.5]])
-
-
-def fit_scale(text: str, scale: float, max_width: int, min_scale: float = 0.25) -> float:
-    """The largest font scale <= `scale` (down to min_scale) at which `text` fits max_width px."""
-    while scale > min_scale and cv2.getTextSize(text, FONT, scale, 1)[0][0] > max_width:
-        scale = max(min_scale, scale - 0.02)
-    return scale
-
-
-def put_label(img: np.ndarray, text: str, org: tuple[int, int] = (2, 2), scale: float = 0.35,
-              color=(255, 255, 255), bg=(0, 0, 0)) -> np.ndarray:
-    """Text with a filled background box; `org` is the box's top-left corner; the font
-    shrinks (to a point) to fit the image width. In place."""
-    scale = fit_scale(text, scale, img.shape[1] - org[0] - 4)
-    (tw, th), base = cv2.getTextSize(text, FONT, scale, 1)
-    x, y = org
-    cv2.rectangle(img, (x, y), (x + tw + 3, y + th + base + 2), bg, -1)
-    cv2.putText(img, text, (x + 1, y + th + 1), FONT, scale, color, 1, cv2.LINE_AA)
-    return img
-
-
-def sheet_size(n: int, tile: int | tuple[int, int], cols: int, title: bool) -> tuple[int, int]:
-    """(height, width) of `contact_sheet` for n tiles."""
-    th, tw = (tile, tile) if isinstance(tile, int) else tile
-    rows = max(1, math.ceil(n / cols))
-    return (HEADER_H if title else 0) + rows * th + (rows + 1) * GAP, cols * tw + (cols + 1) * GAP
-
-
-def contact_sheet(tiles: Sequence[np.ndarray], cols: int | None = None, title: str | None = None,
-                  bg=SHEET_BG) -> np.ndarray:
-    """Equal-size RGB tiles in a grid (row-major), GAP px apart, with an optional title strip."""
-    if not len(tiles):
-        raise ValueError("contact_sheet: no tiles")
-    th, tw = tiles[0].shape[:2]
-    cols = cols or math.ceil(math.sqrt(len(tiles)))
-    h, w = sheet_size(len(tiles), (th, tw), cols, title is not None)
-    sheet = np.empty((h, w, 3), dtype=np.uint8)
-    sheet[:] = bg
-    y0 = HEADER_H if title is not None else 0
-    if title is not None:
-        scale = fit_scale(title, 0.4, w - 2 * GAP - 2)
-        cv2.putText(sheet, title, (GAP + 1, HEADER_H - 6), FONT, scale, (235, 235, 235), 1, cv2.LINE_AA)
-    for i, t in enumerate(tiles):
-        r, c = divmod(i, cols)
-        y, x = y0 + GAP + r * (th + GAP), GAP + c * (tw + GAP)
-        sheet[y:y + th, x:x + tw] = t
-    return sheet
-
-
-def publish(path: str | os.PathLike, data: bytes, suffix: str = "") -> Path:
-    """Write bytes atomically (temp file + rename)."""
-    from pipeline.io import atomic_path
-
-    path = Path(path)
-    with atomic_path(path, suffix=suffix) as tmp:
-        tmp.write_bytes(data)
-    return path
-
-
-def write_png(path: str | os.PathLike, rgb: np.ndarray) -> Path:
-    """RGB uint8 -> PNG, written to a temp file and renamed."""
-    # encoded in memory: the temp name atomic_path makes ends in '.tmp', and cv2.imwrite
-    # picks its codec by the extension
-    ok, buf = cv2.imencode(".png", cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR),
-                           [cv2.IMWRITE_PNG_COMPRESSION, 9])
-    if not ok:
-        raise PipelineError(path, "cannot encode PNG")
-    return publish(path, buf.tobytes(), ".png")
-
-
 def face_tile(image: np.ndarray, box: Sequence[float], size: int, expand: float = 1.35):
     """A square `size` px view of the photo around the box: (tile RGB, (2, 3) tile->photo affine)."""
-    from pipeline.crop import crop_one, crop_transform
+    from pipeline.geometry import crop_one, crop_transform
 
     a = crop_transform(box, expand, size)
     return crop_one(image, a, size), a
@@ -171,51 +47,13 @@ def face_tile(image: np.ndarray, box: Sequence[float], size: int, expand: float 
 
 def to_tile(points: np.ndarray, a: np.ndarray) -> np.ndarray:
     """(K, 2) photo pixels -> tile pixels through the tile->photo affine `a`."""
-    from pipeline.crop import to_crop
+    from pipeline.geometry import to_crop
 
     return to_crop(np.asarray(points, dtype=np.float64)[None], np.asarray(a)[None])[0]
 
 
-class PhotoReader:
-    """Original photos of a cache split, decoded once each."""
-
-    def __init__(self, root: str | os.PathLike, source: str | os.PathLike):
-        self.root, self.source, self._cache = Path(root), source, {}
-
-    def __call__(self, rel: str) -> np.ndarray:
-        from pipeline.dataset import read_image, safe_image_path
-
-        if rel not in self._cache:
-            self._cache[rel] = read_image(safe_image_path(self.root, rel, self.source))
-        return self._cache[rel]
-
-
-def meta_box(row) -> tuple[float, float, float, float]:
-    return (float(row.box_left), float(row.box_top), float(row.box_width), float(row.box_height))
-
-
-def _load_npz(path: Path, keys: Sequence[str]) -> dict[str, np.ndarray]:
-    if not path.exists():
-        raise PipelineError(path, "predictions not found (run `pipeline predict` first)")
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            missing = [k for k in keys if k not in z]
-            if missing:
-                raise PipelineError(path, f"missing array(s) {', '.join(missing)}")
-            return {k: z[k] for k in keys}
-    except PipelineError:
-        raise
-    except Exception as e:
-        raise PipelineError(path, f"not a readable .npz file ({type(e).__name__})") from None
-
-
 # --------------------------------------------------------------------------------------
 # show: test predictions and worst out-of-fold faces
-
-
-def per_face_mae(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
-    """(N,) mean absolute coordinate error per face (evaluate.mae per face); NaN when unpredicted."""
-    return np.abs(np.asarray(pred, np.float64) - np.asarray(truth, np.float64)).mean(axis=(1, 2))
 
 
 def predictions_sheet(cache, pred: np.ndarray, photos: PhotoReader, n: int, tile: int) -> np.ndarray:
@@ -259,7 +97,8 @@ def worst_sheet(cache, pred: np.ndarray, photos: PhotoReader, n: int, tile: int)
 
 def run_show(cfg: dict, cache_dir: str, predictions: str, data_dir: str | None, out_dir: str, n: int,
              worst: int, tile: int) -> dict[str, Path]:
-    from pipeline.crop import DEMO_DIR, load_cache
+    from pipeline.cache import DEMO_DIR, load_cache
+    from pipeline.predictions import read_predictions
 
     if tile < 16:
         raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
@@ -268,7 +107,7 @@ def run_show(cfg: dict, cache_dir: str, predictions: str, data_dir: str | None, 
     written: dict[str, Path] = {}
     if n > 0:
         test = load_cache(Path(cache_dir) / "test")
-        ens = _load_npz(Path(predictions) / "test.npz", ["ensemble"])["ensemble"]
+        ens = read_predictions(Path(predictions) / "test.npz", ["ensemble"])["ensemble"]
         if ens.shape != (len(test), test.schema.k, 2):
             raise PipelineError(Path(predictions) / "test.npz", f"ensemble has shape {ens.shape}, the test cache "
                                                                 f"needs {(len(test), test.schema.k, 2)}")
@@ -276,7 +115,7 @@ def run_show(cfg: dict, cache_dir: str, predictions: str, data_dir: str | None, 
         written["test"] = write_png(out / "test_sheet.png", predictions_sheet(test, ens, photos, n, tile))
     if worst > 0:
         train = load_cache(Path(cache_dir) / "train")
-        tta = _load_npz(Path(predictions) / "oof.npz", ["tta"])["tta"]
+        tta = read_predictions(Path(predictions) / "oof.npz", ["tta"])["tta"]
         if train.keypoints_orig is None or tta.shape != train.keypoints_orig.shape:
             raise PipelineError(Path(predictions) / "oof.npz", f"tta has shape {tta.shape}, the train cache "
                                                                f"needs {(len(train), train.schema.k, 2)}")
@@ -326,43 +165,31 @@ def parse_points(text: str | None, schema) -> list[int]:
     return pts
 
 
-def _is_index(text: str) -> bool:
-    return text.strip().lstrip("-").isdigit() and not Path(text).exists()
-
-
 def face_from_source(source: str, ckpt: dict, cache_dir: str, split: str = "test"):
     """The network's view of a face: (crop RGB uint8 (S, S, 3), description). `source` is an
-    integer index into the cache split, or a photo path (the largest detected face is used)."""
-    from pipeline.crop import crop_one, crop_transform, load_cache
-    from pipeline.dataset import read_image
-
-    if _is_index(source):
-        cache = load_cache(Path(cache_dir) / split)
-        i = int(source)
-        if not 0 <= i < len(cache):
-            raise PipelineError(Path(cache_dir) / split, f"face index {i} out of range (0..{len(cache) - 1})")
-        return np.array(cache.faces[i]), f"{split} face {i} ({cache.meta.iloc[i].face_id})"
+    integer index into the cache split (its cached crop), or a photo path (the largest
+    detected face, cropped with the checkpoint's stamped crop geometry)."""
     from pipeline.checkpoint import checkpoint_crop
-    from pipeline.detect import locate_faces
+    from pipeline.geometry import crop_one, crop_transform
+    from pipeline.photos import cache_face, face_in_photo, is_index
 
-    image = read_image(source)
-    boxes, _ = locate_faces(image)
-    if not len(boxes):
-        raise PipelineError(source, "no face found in the photo")
+    if is_index(source):
+        cache, i = cache_face(cache_dir, split, int(source))
+        return np.array(cache.faces[i]), f"{split} face {i} ({cache.meta.iloc[i].face_id})"
+    image, box = face_in_photo(source)
     size, expand = checkpoint_crop(ckpt)
-    return crop_one(image, crop_transform(boxes[0], expand, size), size), f"{Path(source).name}"
+    return crop_one(image, crop_transform(box, expand, size), size), f"{Path(source).name}"
 
 
 def probability_maps(model, face: np.ndarray, in_chans: int, input_size: int):
     """(coords (K, 2) input px, probs (K, H, W), network-input face RGB (H, W, 3))."""
     import torch
 
-    from pipeline.data import faces_to_chw, normalize_batch
-    from pipeline.predict import _resize_batch
+    from pipeline.preprocess import faces_to_chw, normalize_batch, resize_batch
 
     x = faces_to_chw(face[None], in_chans)
     with torch.no_grad():
-        coords, probs = model.forward_maps(_resize_batch(normalize_batch(x), input_size))
+        coords, probs = model.forward_maps(resize_batch(normalize_batch(x), input_size))
     view = cv2.resize(face, (input_size, input_size), interpolation=cv2.INTER_AREA
                       if face.shape[0] > input_size else cv2.INTER_LINEAR)
     return coords[0].float().numpy(), probs[0].float().numpy(), view
@@ -407,6 +234,26 @@ def heatmap_figure(model, ckpt: dict, face: np.ndarray, points: Sequence[int], t
     return contact_sheet(panels, cols=len(panels))
 
 
+def run_heatmaps(source: str, checkpoint: str, cache: str, split: str, points: str | None, tile: int,
+                 alpha: float, out: str) -> Path:
+    """The heatmap figure of a face (cache index or photo) for a heatmap model -> PNG."""
+    from pipeline.backend import load_predictor
+    from pipeline.schema import schema_from_dict
+
+    if tile < 16:
+        raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
+    model, ckpt = load_predictor(checkpoint, None, "cpu")  # one face: the CPU is enough
+    if not hasattr(model, "forward_maps"):
+        raise PipelineError(checkpoint, f"model '{ckpt['model_config'].get('preset')}' regresses coordinates "
+                                        "directly and has no heatmaps (forward_maps); use a heatmap model "
+                                        "(resunet-*)")
+    pts = parse_points(points, schema_from_dict(ckpt["schema"]))
+    face, what = face_from_source(source, ckpt, cache, split)
+    path = write_png(out, heatmap_figure(model, ckpt, face, pts, tile, alpha))
+    log.info("heatmaps of %s, points %s -> %s", what, pts, path)
+    return path
+
+
 @click.command("heatmaps")
 @click.argument("image_or_index")
 @click.option("--checkpoint", required=True, help="heatmap model checkpoint (e.g. models/fold0/best.pt) or exported .onnx")
@@ -419,21 +266,7 @@ def heatmap_figure(model, ckpt: dict, face: np.ndarray, points: Sequence[int], t
 @click.option("--out", default="heatmaps.png", show_default=True)
 def heatmaps_cmd(image_or_index, checkpoint, cache, split, points, tile, alpha, out):
     """Soft-argmax probability maps of chosen keypoints over a face (cache index or photo)."""
-    from pipeline.backend import load_predictor
-    from pipeline.schema import schema_from_dict
-
-    if tile < 16:
-        raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
-    model, ckpt = load_predictor(checkpoint, None, "cpu")  # one face: the CPU is enough
-    if not hasattr(model, "forward_maps"):
-        raise PipelineError(checkpoint, f"model '{ckpt['model_config'].get('preset')}' regresses coordinates "
-                                        "directly and has no heatmaps (forward_maps); use a heatmap model "
-                                        "(resunet-*)")
-    pts = parse_points(points, schema_from_dict(ckpt["schema"]))
-    face, what = face_from_source(image_or_index, ckpt, cache, split)
-    path = write_png(out, heatmap_figure(model, ckpt, face, pts, tile, alpha))
-    log.info("heatmaps of %s, points %s -> %s", what, pts, path)
-    click.echo(str(path))
+    click.echo(str(run_heatmaps(image_or_index, checkpoint, cache, split, points, tile, alpha, out)))
 
 
 # --------------------------------------------------------------------------------------
@@ -467,13 +300,8 @@ def filter_grid(weight: np.ndarray, tile: int = 32, cols: int | None = None) -> 
     return contact_sheet(tiles, cols=cols or math.ceil(math.sqrt(o)))
 
 
-@click.command("filters")
-@click.option("--checkpoint", required=True, help="model checkpoint")
-@click.option("--out", default="filters.png", show_default=True)
-@click.option("--tile", default=32, show_default=True, help="about this many pixels per filter")
-@click.option("--cols", default=0, show_default=True, help="filters per row (0: square grid)")
-def filters_cmd(checkpoint, out, tile, cols):
-    """The first conv layer's filters of a checkpoint, as an image grid."""
+def run_filters(checkpoint: str, out: str, tile: int, cols: int) -> Path:
+    """The first conv layer's filters of a checkpoint as an image grid -> PNG."""
     from pipeline.checkpoint import load_model
 
     model, ckpt = load_model(checkpoint, "cpu")
@@ -482,4 +310,14 @@ def filters_cmd(checkpoint, out, tile, cols):
     path = write_png(out, filter_grid(weight, max(1, tile), cols or None))
     log.info("%s: %d filters %dx%d over %d channel(s) -> %s", name, *weight.shape[:1], *weight.shape[2:],
              weight.shape[1], path)
-    click.echo(str(path))
+    return path
+
+
+@click.command("filters")
+@click.option("--checkpoint", required=True, help="model checkpoint")
+@click.option("--out", default="filters.png", show_default=True)
+@click.option("--tile", default=32, show_default=True, help="about this many pixels per filter")
+@click.option("--cols", default=0, show_default=True, help="filters per row (0: square grid)")
+def filters_cmd(checkpoint, out, tile, cols):
+    """The first conv layer's filters of a checkpoint, as an image grid."""
+    click.echo(str(run_filters(checkpoint, out, tile, cols)))

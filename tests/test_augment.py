@@ -16,9 +16,10 @@ import torch
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from pipeline.augment import (GEOMETRIC_OPS, PHOTOMETRIC_OPS, RANDAUG_OPS, EvalTransform, KeypointRandAugment,
-                              TrainAugment, apply_op, crop_to_input, input_to_crop, op_matrix,
-                              photometric, randaug_magnitudes, resize_matrix, scale_matrix)
+from pipeline.augment import (EvalTransform, GEOMETRIC_OPS, KeypointRandAugment, PHOTOMETRIC_OPS, RANDAUG_OPS,
+                              TrainAugment, apply_op, op_matrix, photometric, randaug_magnitudes, resize_matrix,
+                              scale_matrix)
+from pipeline.geometry import crop_to_input, input_to_crop
 from pipeline.schema import IBUG68, KeypointSchema
 
 SEEDS = range(30)

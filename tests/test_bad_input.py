@@ -139,40 +139,27 @@ def image_is_directory(demo_dir, tmp):
     return _crop_case(ds, tmp, ds / TRAIN_XML, r"is a directory, not an image", rel)
 
 
-def box_zero_width(demo_dir, tmp):
-    ds = _copy_demo(demo_dir, tmp)
-    _sub_first(ds / TRAIN_XML, r"width='\d+'", "width='0'")
-    return _crop_case(ds, tmp, ds / TRAIN_XML, r"box has non-positive size 0x")
+# one edit of an annotation file: (xml, pattern, replacement, the one-line problem)
+XML_EDITS = {
+    "box_zero_width": (TRAIN_XML, r"width='\d+'", "width='0'", r"box has non-positive size 0x"),
+    "box_non_numeric": (TEST_XML, r"top='\d+'", "top='12px'", r"top='12px' is not a number"),
+    "part_non_numeric": (TRAIN_XML, r"(<part name='05' x=)'[^']*'", r"\1'abc'", r"part 05: x='abc' is not a number"),
+    "part_nan": (TRAIN_XML, r"(<part name='07' x='[^']*' y=)'[^']*'", r"\1'nan'", r"y='nan' is not finite"),
+    "part_count_wrong": (TRAIN_XML, r"\s*<part name='67'[^>]*/>", "", r"67 parts, schema 'ibug68' expects 68"),
+    "part_duplicate": (TRAIN_XML, r"<part name='03'", "<part name='02'", r"duplicate part name '02'"),
+}
 
 
-def box_non_numeric(demo_dir, tmp):
-    ds = _copy_demo(demo_dir, tmp)
-    _sub_first(ds / TEST_XML, r"top='\d+'", "top='12px'")
-    return _crop_case(ds, tmp, ds / TEST_XML, r"top='12px' is not a number")
+def _xml_edit_case(name: str):
+    xml_name, pattern, repl, problem = XML_EDITS[name]
 
+    def case(demo_dir, tmp):
+        ds = _copy_demo(demo_dir, tmp)
+        _sub_first(ds / xml_name, pattern, repl)
+        return _crop_case(ds, tmp, ds / xml_name, problem)
 
-def part_non_numeric(demo_dir, tmp):
-    ds = _copy_demo(demo_dir, tmp)
-    _sub_first(ds / TRAIN_XML, r"(<part name='05' x=)'[^']*'", r"\1'abc'")
-    return _crop_case(ds, tmp, ds / TRAIN_XML, r"part 05: x='abc' is not a number")
-
-
-def part_nan(demo_dir, tmp):
-    ds = _copy_demo(demo_dir, tmp)
-    _sub_first(ds / TRAIN_XML, r"(<part name='07' x='[^']*' y=)'[^']*'", r"\1'nan'")
-    return _crop_case(ds, tmp, ds / TRAIN_XML, r"y='nan' is not finite")
-
-
-def part_count_wrong(demo_dir, tmp):
-    ds = _copy_demo(demo_dir, tmp)
-    _sub_first(ds / TRAIN_XML, r"\s*<part name='67'[^>]*/>", "")
-    return _crop_case(ds, tmp, ds / TRAIN_XML, r"67 parts, schema 'ibug68' expects 68")
-
-
-def part_duplicate(demo_dir, tmp):
-    ds = _copy_demo(demo_dir, tmp)
-    _sub_first(ds / TRAIN_XML, r"<part name='03'", "<part name='02'")
-    return _crop_case(ds, tmp, ds / TRAIN_XML, r"duplicate part name '02'")
+    case.__name__ = name
+    return case
 
 
 def path_escapes_dataset(demo_dir, tmp):
@@ -615,7 +602,7 @@ def solution_too_short(demo_dir, tmp):
 CASES = {f.__name__: f for f in (
     xml_truncated, xml_test_truncated, xml_not_xml, xml_without_images, xml_missing,
     image_missing, image_zero_bytes, image_corrupt_jpeg, image_corrupt_jpeg_parallel, image_truncated_jpeg, image_is_directory,
-    box_zero_width, box_non_numeric, part_non_numeric, part_nan, part_count_wrong, part_duplicate,
+    *(_xml_edit_case(name) for name in XML_EDITS),
     path_escapes_dataset, path_absolute, crop_into_existing_cache,
     params_unknown_key, params_wrong_type, params_invalid_yaml, set_wrong_type,
     fold_out_of_range,

@@ -107,7 +107,7 @@ def test_mean_shape_baseline_is_exact_on_mean_faces():
     test_boxes = boxes[:7] * 1.5 + 3
     pred = mean_shape_baseline(kp, boxes, test_boxes)
     truth = place_in_boxes(shape, test_boxes)
-    from pipeline.evaluate import mae
+    from pipeline.metrics import mae
 
     assert mae(pred, truth) < 1e-9
 

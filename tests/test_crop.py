@@ -6,12 +6,13 @@ import json
 import numpy as np
 import pytest
 
+from pipeline.cache import load_cache
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.crop import (crop_faces, crop_one, crop_transform, load_cache, run_crop, to_crop,
-                           to_original)
+from pipeline.crop import run_crop
 from pipeline.dataset import Face, load_xml
 from pipeline.errors import PipelineError
+from pipeline.geometry import crop_faces, crop_one, crop_transform, to_crop, to_original
 from pipeline.schema import IBUG68
 
 META = ["index", "face_id", "group", "image", "box_left", "box_top", "box_width", "box_height",

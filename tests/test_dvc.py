@@ -9,8 +9,9 @@
 
 from __future__ import annotations
 
-import ast
 import hashlib
+import json
+import math
 import os
 import shutil
 import subprocess
@@ -20,35 +21,12 @@ from pathlib import Path
 import pytest
 import yaml
 
+from conftest import module_file, module_imports
 from pipeline.cli import COMMANDS
 
 REPO = Path(__file__).resolve().parents[1]
 # argument parsing and error formatting: no output depends on them
 NOT_CODE_DEPS = {"pipeline/__init__.py", "pipeline/__main__.py", "pipeline/cli.py", "pipeline/errors.py"}
-
-
-def _module_file(mod: str) -> Path | None:
-    p = REPO.joinpath(*mod.split("."))
-    if (p / "__init__.py").exists():
-        return p / "__init__.py"
-    return p.with_suffix(".py") if p.with_suffix(".py").exists() else None
-
-
-def _imports(path: Path, mod: str) -> set[str]:
-    """pipeline.* modules named by any import statement in the file (anywhere in it)."""
-    pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = pkg.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-            out.add(base)
-            out |= {f"{base}.{a.name}" for a in node.names}  # `from pipeline import x` may be a module
-    return {m for m in out if m.split(".")[0] == "pipeline"}
 
 
 def imported_modules(mod: str) -> set[str]:
@@ -57,11 +35,11 @@ def imported_modules(mod: str) -> set[str]:
     todo = [mod]
     while todo:
         m = todo.pop()
-        f = _module_file(m)
+        f = module_file(m)
         if f is None or m in seen:
             continue
         seen.add(m)
-        todo += _imports(f, m)
+        todo += module_imports(f, m)
     return seen
 
 
@@ -70,8 +48,8 @@ def code_deps_of(mods: set[str]) -> set[str]:
     deps = set()
     for m in mods:
         parts = m.split(".")
-        deps.add(f"pipeline/{parts[1]}" if len(parts) > 2 or _module_file(m).name == "__init__.py"
-                 else str(_module_file(m).relative_to(REPO)))
+        deps.add(f"pipeline/{parts[1]}" if len(parts) > 2 or module_file(m).name == "__init__.py"
+                 else str(module_file(m).relative_to(REPO)))
     return deps - NOT_CODE_DEPS
 
 
@@ -88,7 +66,9 @@ def _stages() -> dict[str, dict]:
 def test_imports_are_found():
     """Control: the import scan sees function-level imports and relative ones."""
     mods = imported_modules("pipeline.predict")
-    assert {"pipeline.checkpoint", "pipeline.crop", "pipeline.augment", "pipeline.flip", "pipeline.data"} <= mods
+    # checkpoint and flip are imported inside functions, two modules down (inference)
+    assert {"pipeline.checkpoint", "pipeline.inference", "pipeline.geometry", "pipeline.flip",
+            "pipeline.preprocess"} <= mods
     assert "pipeline/models" in code_deps_of(mods) and "pipeline/cli.py" not in code_deps_of(mods)
 
 
@@ -199,3 +179,118 @@ def test_control_dvc_run_cache_ignores_a_param_named_size(tmp_path):
     if "'size': 40" in out:
         pytest.skip("this DVC keeps params named size in the run cache key (treeverse/dvc#10296 fixed)")
     assert out == "{'size': 30, 'count': 30}"  # stale: the reason for crop.side
+
+
+# --------------------------------------------------------------------------- experiments
+
+def _dvc_bin() -> str | None:
+    dvc = Path(sys.executable).parent / "dvc"
+    return str(dvc) if dvc.exists() else shutil.which("dvc")
+
+
+def _uncached_outputs() -> list[str]:
+    """Every path that DVC leaves to git: metrics, plots and `cache: false` outs (foreach
+    items and ${...} from params.yaml filled in)."""
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    raw = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    paths = []
+    for st in raw.values():
+        items = [str(i) for i in params["folds"]["train"]] if "foreach" in st else [None]
+        body = st.get("do", st)
+        for kind in ("outs", "metrics", "plots"):
+            for entry in body.get(kind, []):
+                path, opts = next(iter(entry.items())) if isinstance(entry, dict) else (entry, {})
+                if kind == "outs" and (opts or {}).get("cache", True):
+                    continue
+                for item in items:
+                    paths.append(path.replace("${item}", item or "")
+                                 .replace("${submit.name}", params["submit"]["name"]))
+    return paths
+
+
+def test_files_dvc_leaves_to_git_are_not_git_ignored(tmp_path):
+    """A queued experiment's commit holds only what git tracks: a git-ignored metrics file
+    is missing from it and `dvc exp show` prints `!` for that experiment."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    paths = _uncached_outputs()
+    assert "metrics/summary.json" in paths and "models/fold0/metrics.json" in paths
+    shutil.copy(REPO / ".gitignore", tmp_path / ".gitignore")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+    r = subprocess.run(["git", "check-ignore", "--no-index", *paths], cwd=tmp_path, capture_output=True, text=True)
+    assert r.returncode == 1, f".gitignore hides {r.stdout.split()} from experiment commits"
+    control = subprocess.run(["git", "check-ignore", "--no-index", "-q", "models/fold0/best.pt"], cwd=tmp_path)
+    assert control.returncode == 0  # the check does see ignored paths
+
+
+# the smallest pipeline that still trains, predicts, submits and scores: 16 demo faces,
+# 16 px crops (the model's smallest input, 32, upsamples them), 2 folds of which one is
+# trained, for 1 epoch of 1 step
+QUEUE_TINY = {"demo": {"n_train": 16, "n_test": 2}, "crop": {"side": 16, "n_jobs": 1},
+              "folds": {"k": 2, "train": [0]}, "model": {"input_size": 32},
+              "train": {"epochs": 1, "batch_size": 8, "device": "cpu", "randaug_n": 0},
+              "predict": {"device": "cpu", "batch_size": 16}}
+
+
+def test_queued_experiments_compare_in_dvc_exp_show(tmp_path):
+    """Two experiments run through `dvc exp run --queue` each show their own metrics in
+    `dvc exp show --json` (numbers, not `!`), and `pipeline leaderboard` lists both."""
+    dvc = _dvc_bin()
+    if dvc is None or shutil.which("git") is None:
+        pytest.skip("dvc or git is not installed")
+    root = tmp_path / "proj"
+    root.mkdir()
+    for name in ("dvc.yaml", ".gitignore"):
+        shutil.copy(REPO / name, root / name)
+    shutil.copytree(REPO / "pipeline", root / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, values in QUEUE_TINY.items():
+        params[section].update(values)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    bindir = str(Path(sys.executable).parent)
+    who = {f"GIT_{role}_{field}": value for role in ("AUTHOR", "COMMITTER")
+           for field, value in (("NAME", "test"), ("EMAIL", "test@example.com"))}
+    env = {**os.environ, **who, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1",
+           "PYTHONPATH": str(REPO), "DVC_NO_ANALYTICS": "1"}
+
+    def run(*args: str) -> str:
+        r = subprocess.run(list(args), cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (args, r.stdout[-3000:], r.stderr[-3000:])
+        return r.stdout
+
+    run("git", "init", "-q")
+    run(dvc, "init", "-q")
+    run("git", "add", "-A")
+    run("git", "commit", "-q", "-m", "tiny project")
+    lrs = {"lr-hi": 0.01, "lr-lo": 0.0001}
+    for name, lr in lrs.items():
+        run(dvc, "exp", "run", "--queue", "-q", "-n", name, "-S", f"train.lr={lr}")
+    try:
+        run(dvc, "exp", "run", "--run-all", "--jobs", "1")  # exits 0 even when an experiment failed
+    finally:
+        subprocess.run([dvc, "queue", "stop", "--kill"], cwd=root, env=env, capture_output=True, timeout=120)
+    status = run(dvc, "queue", "status")
+    for name in lrs:
+        line = next((x for x in status.splitlines() if name in x.split()), "")
+        assert line.split()[-1:] == ["Success"], (status, run(dvc, "queue", "logs", name)[-3000:])
+
+    show = json.loads(run(dvc, "exp", "show", "--json"))
+    exps = {rev["name"]: rev for base in show for exp in base.get("experiments") or [] for rev in exp["revs"]}
+    assert set(exps) == set(lrs)
+    maes = {}
+    for name, rev in exps.items():
+        assert not rev.get("error"), (name, rev["error"])
+        data = rev["data"]
+        assert data["params"]["params.yaml"]["data"]["train"]["lr"] == lrs[name]
+        summary = data["metrics"]["metrics/summary.json"]
+        assert not summary.get("error"), (name, summary)  # `!` in the table
+        figures = summary["data"]
+        for key in ("mae", "nme", "mae_cal", "mae_f0", "nme_f0", "test_mae", "test_nme"):
+            assert isinstance(figures[key], float) and math.isfinite(figures[key]), (name, key, figures)
+        assert set(data["metrics"]) == {"metrics/summary.json"}  # one leaderboard row per experiment
+        maes[name] = figures["mae"]
+    assert maes["lr-hi"] != maes["lr-lo"]  # each row holds its own experiment's result
+
+    board = run(sys.executable, "-m", "pipeline", "leaderboard")
+    runs = board.splitlines()[next(i for i, line in enumerate(board.splitlines()) if line.startswith("source")):]
+    assert {line.split()[1] for line in runs[2:]} == set(lrs) and "train.lr" in runs[0]

@@ -3,19 +3,11 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.cli import main
-from pipeline.evaluate import (experiment_table, format_table, mae, nme, parse_dvc_exp_show,
-                               read_history)
+from conftest import run_cli
+from pipeline.evaluate import experiment_table, format_table, parse_dvc_exp_show, read_history
+from pipeline.metrics import mae, nme
 from pipeline.schema import IBUG68
-from pipeline.submit import write_submission
-
-
-def run_cli(args, capsys):
-    with pytest.raises(SystemExit) as e:
-        main(args)
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
+from pipeline.submission import write_submission
 
 
 def write_csv(path, values, header="Id,Predicted"):
@@ -197,8 +189,11 @@ def test_evaluate_numbers(layout, capsys):
     assert test["n"] == 2 and test["mae"] == pytest.approx(0.25)
     assert test["nme"] == pytest.approx((0.5 / 20 + 0.5 / 5) / 2)
     summary = json.loads((layout / "metrics" / "summary.json").read_text())
-    assert summary["oof_mae"] == pytest.approx(9.0 / 16) and summary["test_mae"] == pytest.approx(0.25)
-    assert summary["test_nme"] == pytest.approx(test["nme"]) and summary["oof_nme"] == pytest.approx(ov["nme"])
+    assert summary["mae"] == pytest.approx(9.0 / 16) and summary["test_mae"] == pytest.approx(0.25)
+    assert summary["test_nme"] == pytest.approx(test["nme"]) and summary["nme"] == pytest.approx(ov["nme"])
+    # the leaderboard row: overall and per trained fold, short names, no entry for untrained fold 2
+    assert summary["mae_f0"] == pytest.approx(f0["mae"]) and summary["nme_f1"] == pytest.approx(f1["nme"])
+    assert not {"mae_f2", "nme_f2"} & set(summary)
     # per-keypoint OOF bias over the 4 predicted faces: point a is off by (+1/4, 0) (face 0)
     # and (0, +4/4) (face 2), point b by (0, +1); the leave-one-out calibrated MAE of face i
     # subtracts the other three faces' mean residual
@@ -208,7 +203,7 @@ def test_evaluate_numbers(layout, capsys):
     pred = np.load(layout / "predictions" / "oof.npz")["tta"][:4]
     resid = pred - truth
     loo = (resid.sum(0) - resid) / 3
-    assert summary["oof_mae_cal"] == pytest.approx(np.abs(resid - loo).mean())
+    assert summary["mae_cal"] == pytest.approx(np.abs(resid - loo).mean())
     assert (layout / "metrics" / "params.resolved.yaml").exists()
     hist = (layout / "metrics" / "history.jsonl").read_text().splitlines()
     assert len(hist) == 1
@@ -274,12 +269,12 @@ DVC_SHOW = [
               "metrics": {"metrics/summary.json": {"data": {"oof_mae": 0.5}}}}},
     {"rev": "b09c993207f5040a6af4b3d86ad99bbd332fe5b9", "name": "master", "error": None,
      "data": {"params": {"params.yaml": {"data": {"train": {"lr": 0.1}, "model": {"preset": "a"}}}},
-              "metrics": {"metrics/summary.json": {"data": {"oof_mae": 1.0}}}},
+              "metrics": {"metrics/summary.json": {"data": {"mae": 1.0}}}},
      "experiments": [
          {"name": "myexp", "executor": None, "revs": [
              {"rev": "0666581", "name": "myexp", "error": None, "experiments": None,
               "data": {"params": {"params.yaml": {"data": {"train": {"lr": 0.05}, "model": {"preset": "a"}}}},
-                       "metrics": {"metrics/summary.json": {"data": {"oof_mae": 0.5, "test_mae": 0.7}}}}}]},
+                       "metrics": {"metrics/summary.json": {"data": {"mae": 0.5, "test_mae": 0.7}}}}}]},
          {"name": "shoal-knap", "executor": None, "revs": [
              {"rev": "ac89a7b", "name": "shoal-knap", "error": None, "experiments": None,
               "data": {"params": {"params.yaml": {"data": {"train": {"lr": 0.2}, "model": {"preset": "a"}}}},
@@ -297,6 +292,7 @@ def test_parse_dvc_exp_show_and_table():
                                 "train.lr"]
     assert [line.split()[1] for line in table[2:]] == ["myexp", "master", "shoal-knap"]
     assert table[2].split()[-1] == "0.05" and "0.7000" in table[2]
+    assert "2.0000" in table[4]  # shoal-knap's summary.json has the older key names (oof_mae)
     assert parse_dvc_exp_show({"not": "a list"}) == []
 
 
@@ -320,6 +316,7 @@ def test_read_history_skips_broken_lines(tmp_path):
                  + "\n{broken\n\n")
     rows = read_history(p)
     assert len(rows) == 1 and rows[0]["name"] == "t1"
+    assert rows[0]["summary"] == {"mae": 1.0}  # a line from before the leaderboard names
 
 
 def test_format_table_alignment():

@@ -13,7 +13,7 @@ from conftest import run
 from pipeline.checkpoint import checkpoint_crop, load_model
 from pipeline.config import load_config
 from pipeline.errors import PipelineError
-from pipeline.predict import predict_crops
+from pipeline.inference import predict_crops
 from pipeline.schema import IBUG68
 from pipeline.train import fit
 
@@ -70,7 +70,7 @@ def test_export_writes_onnx_and_json(exported, trained):
 @pytest.mark.parametrize("source", ["cache", "demo"])
 def test_torch_and_onnxruntime_agree_on_demo_crops(exported, trained, tiny_workspace, source):
     from pipeline.backend import load_predictor
-    from pipeline.crop import load_cache
+    from pipeline.cache import load_cache
     from pipeline.export import demo_crops
 
     model, ckpt = load_model(trained, "cpu")  # the plain (unfused) torch model is the reference
@@ -122,9 +122,10 @@ def test_predict_cli_onnx_backend_agrees_with_torch(trained, tiny_workspace, tmp
 def test_predict_image_uses_the_checkpoint_crop_and_runs_from_onnx(trained, exported, tiny_workspace, demo_dir,
                                                                   tmp_path, monkeypatch):
     import pipeline.detect as detect
-    from pipeline.crop import crop_one, crop_transform, load_cache
+    from pipeline.cache import load_cache
     from pipeline.dataset import read_image
-    from pipeline.predict import predict_original
+    from pipeline.geometry import crop_one, crop_transform
+    from pipeline.inference import predict_original
 
     meta = load_cache(tiny_workspace / "cache" / "test").meta
     row = meta.iloc[0]
@@ -150,6 +151,43 @@ def test_predict_image_uses_the_checkpoint_crop_and_runs_from_onnx(trained, expo
     assert np.abs(wrong - right).max() > 0.5  # the two geometries are distinguishable
     assert np.abs(got["pt"] - right).max() < 0.01
     assert np.abs(got["onnx"] - right).max() < 0.01
+
+
+def test_heatmaps_and_morph_crop_photos_with_the_checkpoint_geometry(trained, tiny_workspace, demo_dir,
+                                                                   monkeypatch):
+    """A photo given to `heatmaps` or `morph` is cropped at the checkpoint's stamped geometry
+    (32 px, expand 1.25), not at the params it was trained with (48 px, 1.6)."""
+    import pipeline.facedet as facedet
+    from pipeline.backend import load_models
+    from pipeline.cache import load_cache
+    from pipeline.dataset import read_image
+    from pipeline.geometry import crop_one, crop_transform, to_crop
+    from pipeline.inference import predict_boxes, predict_original
+    from pipeline.morph import morph_face
+    from pipeline.viz import face_from_source
+
+    row = load_cache(tiny_workspace / "cache" / "test").meta.iloc[0]
+    photo = demo_dir / row.image
+    box = np.array([[row.box_left, row.box_top, row.box_width, row.box_height]], dtype=np.float64)
+    monkeypatch.setattr(facedet, "locate_faces", lambda image, max_faces=0, detector=None: (box, box))
+    image = read_image(photo)
+    model, ckpt = load_model(trained, "cpu")
+
+    face, _ = face_from_source(str(photo), ckpt, str(tiny_workspace / "cache"))
+    np.testing.assert_array_equal(face, crop_one(image, crop_transform(box[0], 1.25, 32), 32))
+    assert face.shape == (32, 32, 3)
+
+    models = load_models([trained], torch.device("cpu"))
+    frame, pts, _ = morph_face(str(photo), models, load_config(None, []), str(tiny_workspace / "cache"), "test",
+                               40, 1.6, str(demo_dir), torch.device("cpu"))
+    a = crop_transform(box[0], 1.6, 40)  # the morph frame's own view of the photo
+    stamped = crop_transform(box[0], 1.25, 32)[None]  # the model's own crop of the face
+    want = predict_original(model, ckpt, crop_one(image, stamped[0], 32)[None], stamped, "flip", 8,
+                            torch.device("cpu"))["final"][0]
+    # load_models folds BatchNorm into the convs: equal up to float rounding
+    np.testing.assert_allclose(pts, to_crop(want[None], a[None])[0], atol=1e-3)
+    other = [(m, {**c, "crop": {"size": 48, "expand": 1.6}}) for m, c in models]  # what the params say
+    assert np.abs(predict_boxes(image, box, other, "flip", torch.device("cpu"))[0] - want).max() > 0.5
 
 
 def test_heatmaps_and_morph_from_an_exported_model(exported, tiny_workspace, demo_dir, tmp_path):
@@ -197,17 +235,17 @@ def test_matmul_resize_is_the_antialiased_interpolate(src, dst):
     # the filter the models were validated with
     import torch.nn.functional as F
 
-    from pipeline.predict import _resize_batch
+    from pipeline.preprocess import resize_batch
 
     x = torch.rand(2, 3, src, src, generator=torch.Generator().manual_seed(0)) * 4 - 2
     ref = F.interpolate(x, size=(dst, dst), mode="bilinear", align_corners=False, antialias=True)
-    assert (_resize_batch(x, dst) - ref).abs().max() < 1e-4
-    assert (_resize_batch(x.contiguous(memory_format=torch.channels_last), dst) - ref).abs().max() < 1e-4
+    assert (resize_batch(x, dst) - ref).abs().max() < 1e-4
+    assert (resize_batch(x.contiguous(memory_format=torch.channels_last), dst) - ref).abs().max() < 1e-4
 
 
 def test_int8_export_is_close_to_fp32(trained, tiny_workspace, tmp_path):
     from pipeline.backend import load_predictor
-    from pipeline.crop import load_cache
+    from pipeline.cache import load_cache
 
     out = tmp_path / "q.onnx"
     assert run(["export", trained, "--out", out, "--int8", "--calibration", tiny_workspace / "cache" / "train"]) == 0
@@ -229,8 +267,8 @@ def test_int8_export_is_close_to_fp32(trained, tiny_workspace, tmp_path):
 @pytest.mark.realdata
 def test_torch_and_onnxruntime_agree_on_the_shared_test_crops(exported, trained, real_dir):
     from pipeline.backend import load_predictor
-    from pipeline.crop import crop_faces
     from pipeline.dataset import load_xml
+    from pipeline.geometry import crop_faces
 
     xml = real_dir / "labels_ibug_300W_test_parsed.xml"
     faces = load_xml(xml, IBUG68, require_parts=False)

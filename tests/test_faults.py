@@ -201,20 +201,20 @@ def test_crop_full_disk_keeps_the_old_cache(demo_dir, tiny_workspace, tmp_path, 
     unchanged, no temp folder."""
     import errno
 
-    import pipeline.crop as crop
+    import pipeline.cache as cache_format
     from pipeline.cli import main
 
     cache = tmp_path / "cache"
     shutil.copytree(tiny_workspace / "cache", cache)
     before = _tree(cache)
-    real = crop.write_npy
+    real = cache_format.write_npy
 
     def full(path, array):
         if Path(path).parent.name == "test":
             raise OSError(errno.ENOSPC, "No space left on device")
         real(path, array)
 
-    monkeypatch.setattr(crop, "write_npy", full)
+    monkeypatch.setattr(cache_format, "write_npy", full)
     capsys.readouterr()
     with pytest.raises(SystemExit) as e:
         main(["crop", "--out", str(cache), "--set", f"data.dir={demo_dir}", "--set", "crop.side=24",

@@ -12,7 +12,7 @@ from torch import nn
 
 from pipeline.errors import PipelineError
 from pipeline.models import (BlurPool2d, ResUNet, build_model, count_params, create_model, default_input_size,
-                             list_presets, model_flops, models_cmd, soft_argmax)
+                             list_presets, model_flops, soft_argmax)
 from pipeline.models.resunet import BasicBlock, Bottleneck
 
 K = 5
@@ -367,6 +367,8 @@ def test_channels_last_matches():
 
 
 def test_models_command_lists_every_preset():
+    from pipeline.cli import models_cmd
+
     res = CliRunner().invoke(models_cmd, ["--keypoints", "68"])
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()

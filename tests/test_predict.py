@@ -7,10 +7,10 @@ import pandas as pd
 import pytest
 import torch
 
+from pipeline.cache import load_cache
 from pipeline.cli import main
 from pipeline.config import load_config
-from pipeline.crop import load_cache
-from pipeline.predict import predict_crops
+from pipeline.inference import predict_crops
 from pipeline.schema import IBUG68
 from pipeline.train import fit
 
@@ -131,8 +131,9 @@ def test_predict_calibration_subtracts_the_oof_bias_when_on(tiny_workspace, trai
 
 
 def test_label_origin_moves_labels_onto_the_pixel_grid_and_predictions_back(demo_dir, tmp_path):
-    from pipeline.crop import run_crop, to_crop
-    from pipeline.predict import predict_original
+    from pipeline.crop import run_crop
+    from pipeline.geometry import to_crop
+    from pipeline.inference import predict_original
 
     caches = {}
     for origin in (0, 1):

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from pipeline.errors import PipelineError
-from pipeline.schema import IBUG68, NOSE1, KeypointSchema, get_schema, schema_from_dict
+from pipeline.schema import IBUG68, KeypointSchema, NOSE1, get_schema, schema_from_dict
 
 # (image-left, image-right) twins of a frontal face
 PAIRS = [(36, 45), (39, 42), (0, 16), (3, 13), (17, 26), (21, 22), (31, 35), (48, 54), (60, 64)]

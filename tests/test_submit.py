@@ -1,21 +1,10 @@
 import numpy as np
 import pytest
 
+from conftest import run_cli
 from pipeline.config import DEFAULTS
-
-from pipeline.cli import main
 from pipeline.errors import PipelineError
-from pipeline.submit import (format_submission, read_solution, read_submission, submission_ids,
-                             write_submission)
-
-
-def run_cli(args, capsys):
-    """pipeline.cli.main: PipelineError -> one line on stderr, exit 2."""
-    with pytest.raises(SystemExit) as e:
-        main(args)
-        raise SystemExit(0)
-    out = capsys.readouterr()
-    return e.value.code, out.out, out.err
+from pipeline.submission import format_submission, read_solution, read_submission, submission_ids, write_submission
 
 
 def test_round_trip(tmp_path):
@@ -177,18 +166,15 @@ def test_submit_cmd_missing_predictions(tmp_path, capsys):
 
 
 def test_submit_standalone_calls_predict_xml(tmp_path, monkeypatch, capsys):
-    import sys
-    import types
-
     calls = {}
 
     def fake_predict_xml(xml_path, checkpoints, predict_cfg, data_cfg, crop_cfg):
         calls.update(xml=xml_path, ckpts=list(checkpoints), predict=predict_cfg, data=data_cfg, crop=crop_cfg)
         return np.arange(3 * 68 * 2, dtype=float).reshape(3, 68, 2)
 
-    fake = types.ModuleType("pipeline.predict")
-    fake.predict_xml = fake_predict_xml
-    monkeypatch.setitem(sys.modules, "pipeline.predict", fake)
+    import pipeline.backend
+
+    monkeypatch.setattr(pipeline.backend, "predict_xml", fake_predict_xml)
     xml = tmp_path / "test.xml"
     xml.write_text("<dataset/>")
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"

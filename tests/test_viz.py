@@ -10,9 +10,11 @@ import pytest
 
 from conftest import run
 from pipeline.config import load_config
-from pipeline.detect import cascade_available, haar_to_box, iou
+from pipeline.draw import GAP, HEADER_H, sheet_size
+from pipeline.haar import cascade_available, haar_to_box, iou
+from pipeline.metrics import per_face_mae
 from pipeline.morph import CUBE_PALETTE, encode_gif, lzw_encode, morph_frames, quantize_cube
-from pipeline.viz import GAP, HEADER_H, filter_grid, per_face_mae, sheet_size
+from pipeline.viz import filter_grid
 
 needs_haar = pytest.mark.skipif(not cascade_available(), reason="this OpenCV has no Haar cascade (OpenCV 5)")
 
@@ -26,10 +28,10 @@ def viz_ws(tiny_workspace, demo_dir, tmp_path_factory):
     (test.npz, oof.npz as `pipeline predict` lays them out) and a regression checkpoint."""
     import torch
 
+    from pipeline.cache import load_cache
     from pipeline.checkpoint import load_model, save_checkpoint
-    from pipeline.crop import load_cache
+    from pipeline.inference import predict_original
     from pipeline.models import create_model
-    from pipeline.predict import predict_original
     from pipeline.schema import IBUG68
     from pipeline.train import fit
 

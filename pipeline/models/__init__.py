@@ -11,9 +11,9 @@ from pipeline.models.baselines import ResNet50FC, VGGSeed
 from pipeline.models.head import SoftArgmaxHead, soft_argmax
 from pipeline.models.layers import BlurPool2d, ConvNormAct
 from pipeline.models.registry import (build_model, count_params, create_model, default_input_size, list_presets,
-                                      model_flops, models_cmd, register_model)
+                                      model_flops, preset_rows, register_model)
 from pipeline.models.resunet import ResUNet
 
 __all__ = ["BlurPool2d", "ConvNormAct", "ResNet50FC", "ResUNet", "SoftArgmaxHead", "VGGSeed", "build_model",
-           "count_params", "create_model", "default_input_size", "list_presets", "model_flops", "models_cmd",
+           "count_params", "create_model", "default_input_size", "list_presets", "model_flops", "preset_rows",
            "register_model", "soft_argmax"]

@@ -15,7 +15,6 @@ import inspect
 from dataclasses import dataclass
 from typing import Any, Callable
 
-import click
 import torch
 from torch import nn
 
@@ -147,25 +146,15 @@ def model_flops(model: nn.Module, input_size: int, in_chans: int = 3) -> float:
     return float(counter.get_total_flops())
 
 
-@click.command("models")
-@click.option("--keypoints", default=68, show_default=True, type=click.IntRange(min=1),
-              help="number of keypoints (68 = iBUG 68, 1 = nose tip)")
-@click.option("--in-chans", default=3, show_default=True, type=click.Choice(["1", "3"]),
-              help="input channels (3 colour, 1 grayscale)")
-def models_cmd(keypoints: int, in_chans: str) -> None:
-    """List the model presets: parameters, forward GFLOPs per image at the preset's
-    default input size, output type."""
-    chans = int(in_chans)
+def preset_rows(keypoints: int = 68, in_chans: int = 3) -> list[dict[str, Any]]:
+    """One row per preset: parameters, forward FLOPs per image at its default input size,
+    output type and description (the models are built on the meta device: no weights)."""
     rows = []
     for name in list_presets():
         size = default_input_size(name)
         with torch.device("meta"):  # counting only: no weights allocated
-            model = create_model(name, keypoints, chans, size)
-        kind = "heatmap" if hasattr(model, "forward_maps") else "regression"
-        rows.append((name, f"{count_params(model) / 1e6:.2f}", f"{model_flops(model, size, chans) / 1e9:.3f}",
-                     str(size), kind, _PRESETS[name].doc))
-    header = ("preset", "params (M)", "GFLOPs", "input", "output", "description")
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    for r in [header, *rows]:
-        click.echo("  ".join(c.rjust(w) if i in (1, 2, 3) else c.ljust(w)
-                             for i, (c, w) in enumerate(zip(r, widths))).rstrip())
+            model = create_model(name, keypoints, in_chans, size)
+        rows.append({"preset": name, "params": count_params(model), "flops": model_flops(model, size, in_chans),
+                     "input_size": size, "output": "heatmap" if hasattr(model, "forward_maps") else "regression",
+                     "doc": _PRESETS[name].doc})
+    return rows

@@ -1,0 +1,51 @@
+"""The scores, one implementation for training, evaluation and benchmarks.
+
+- MAE: mean absolute error over every coordinate, in original pixels (the competition
+  metric).
+- NME: per face, the mean point-to-point Euclidean error divided by the distance between
+  the truth's outer eye corners (schema.eyes), averaged over faces; a fraction (x100 = %).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+
+
+def mae(pred, truth) -> float:
+    """Mean absolute error over all coordinates (pixels)."""
+    p, t = np.asarray(pred, dtype=np.float64), np.asarray(truth, dtype=np.float64)
+    if p.shape != t.shape:
+        raise ValueError(f"mae: shapes differ {p.shape} vs {t.shape}")
+    if p.size == 0:
+        raise ValueError("mae: empty arrays")
+    return float(np.mean(np.abs(p - t)))
+
+
+def nme(pred, truth, eyes: tuple[int, int] | Sequence[int] | None = (36, 45)) -> float | None:
+    """Mean over faces of mean point error / inter-ocular distance of the truth.
+
+    pred, truth: (N, K, 2). Returns a fraction, or None when `eyes` is None or out of
+    range for K. Faces whose truth eye corners coincide (distance 0) are left out; None
+    when no face is left."""
+    if eyes is None:
+        return None
+    p, t = np.asarray(pred, dtype=np.float64), np.asarray(truth, dtype=np.float64)
+    if p.shape != t.shape or p.ndim != 3 or p.shape[2] != 2:
+        raise ValueError(f"nme: need two (N, K, 2) arrays, got {p.shape} and {t.shape}")
+    e0, e1 = int(eyes[0]), int(eyes[1])
+    k = t.shape[1]
+    if not (0 <= e0 < k and 0 <= e1 < k) or e0 == e1:
+        return None
+    iod = np.linalg.norm(t[:, e0] - t[:, e1], axis=-1)
+    err = np.linalg.norm(p - t, axis=-1).mean(axis=1)
+    ok = iod > 0
+    if not ok.any():
+        return None
+    return float(np.mean(err[ok] / iod[ok]))
+
+
+def per_face_mae(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
+    """(N,) mean absolute coordinate error per face (evaluate.mae per face); NaN when unpredicted."""
+    return np.abs(np.asarray(pred, np.float64) - np.asarray(truth, np.float64)).mean(axis=(1, 2))
