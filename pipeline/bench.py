@@ -4,9 +4,12 @@ all measured in one run on one device, printed as a fixed-width table and writte
 Sections (each figure lands in the JSON under the same names):
 
 * train/<preset>: images/s of full training steps (forward, loss, backward, optimizer
-  step, via `train.train_one_epoch`) fed by the real data path (face cache -> FaceDataset
-  with TrainAugment -> DataLoader -> DeviceLoader) and by a synthetic batch already on the
-  device; `data_overhead` = 1 - real / synthetic (goal <= 5%).
+  step) on the setup `pipeline train` builds (`train.build_training`, `train.train_steps`),
+  fed by its real data path (`train.make_epoch_loader`: face cache -> FaceDataset with
+  TrainAugment -> DataLoader -> DeviceLoader's producer thread) and by a synthetic batch
+  already on the device; `data_overhead` = 1 - real / synthetic (goal <= 5%);
+  `data_wait_frac_real` = the share of the real rounds' time spent waiting for a batch (what
+  the trainer logs as "data wait").
 * efficiency: training FLOPs per image (3 x the forward FLOPs of `model_flops`: forward +
   backward ~ 3 forwards) x images/s, over the fp32 matmul peak measured in the same run
   (torch.matmul of 2048x2048 fp32, best of a few reps; on CUDA bf16 too).
@@ -30,6 +33,7 @@ same load."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import math
 import tempfile
@@ -83,47 +87,61 @@ def matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32, n: int
     return 2.0 * n ** 3 / best
 
 
-class _Batches:
-    """A DeviceLoader look-alike for `train_one_epoch`: `steps` batches from `source`
-    (re-iterated when it runs out), with the wait_s bookkeeping the trainer reads."""
+class _Steps:
+    """A DeviceLoader look-alike for `train_one_epoch`: `steps` batches of `feed`, counting
+    the images and the seconds spent waiting for them (`wait_s`, as the trainer reads it)."""
 
-    def __init__(self, source, steps: int):
-        self.source, self.steps, self.wait_s = source, steps, 0.0
+    def __init__(self, feed, steps: int):
+        self.feed, self.steps, self.wait_s, self.images = feed, steps, 0.0, 0
 
     def __len__(self) -> int:
         return self.steps
 
     def __iter__(self):
-        self.wait_s, done = 0.0, 0
-        while done < self.steps:
-            it = iter(self.source)
-            got = False
-            while done < self.steps:
-                t0 = time.perf_counter()
-                batch = next(it, None)
-                self.wait_s += time.perf_counter() - t0
-                if batch is None:
-                    break
-                got = True
-                done += 1
-                yield batch
-            if not got:
-                return
+        return self.feed.batches(self)
+
+
+class _TrainEpochs:
+    """The real feed: `pipeline train`'s epochs (`make_epoch_loader`: sampler, augmentation,
+    DataLoader, DeviceLoader's producer thread) one after another. A round that ends
+    mid-epoch leaves the rest of it; the next round starts the next epoch."""
+
+    def __init__(self, setup):
+        self.setup, self.epoch = setup, 0
+
+    def batches(self, take: _Steps):
+        from pipeline.train import make_epoch_loader
+
+        done = 0
+        while done < take.steps:
+            loader = make_epoch_loader(self.setup, self.epoch)
+            self.epoch += 1
+            epoch = iter(loader)
+            try:
+                for batch in itertools.islice(epoch, take.steps - done):
+                    done += 1
+                    take.images += len(batch[0])
+                    yield batch
+            finally:
+                epoch.close()  # stops the loader's producer thread
+                take.wait_s += loader.wait_s
 
 
 class _Repeat:
-    """The same on-device batch, forever (the synthetic feed)."""
+    """The synthetic feed: the same on-device batch, `take.steps` times."""
 
     def __init__(self, batch):
         self.batch = batch
 
-    def __iter__(self):
-        while True:
+    def batches(self, take: _Steps):
+        for _ in range(take.steps):
+            take.images += len(self.batch[0])
             yield self.batch
 
 
-def demo_cache(workdir: Path, size: int, n_train: int = 96, n_test: int = 16) -> Path:
-    """A small demo data set cropped into <workdir>/cache (for a bench from a fresh clone)."""
+def demo_cache(workdir: Path, size: int, n_train: int = 320, n_test: int = 16) -> Path:
+    """A small demo data set cropped into <workdir>/cache (for a bench from a fresh clone);
+    320 faces: an epoch as long as a fold's in the default run (20 batches of 16)."""
     from pipeline.config import load_config
     from pipeline.crop import run_crop
     from pipeline.demo import generate_demo
@@ -138,56 +156,39 @@ def demo_cache(workdir: Path, size: int, n_train: int = 96, n_test: int = 16) ->
 
 def bench_train(cfg: dict, preset: str, cache_dir: Path, steps: int, batch_size: int, input_size: int,
                 device: torch.device, rounds: int = 2, warmup: int = 2, options: dict | None = None) -> dict[str, float]:
-    """images/s of training steps through the real data path and on a synthetic batch."""
-    from pipeline.augment import TrainAugment
+    """images/s of training steps through the real data path and on a synthetic batch, both
+    on the setup `pipeline train` builds (`train.build_training`, `train.train_steps`) for
+    this preset, input size and batch, on every face of the cache."""
     from pipeline.cache import load_cache
-    from pipeline.data import DeviceLoader, EpochSampler, FaceDataset, make_loader
-    from pipeline.device import amp_dtype, use_channels_last
-    from pipeline.geometry import crop_to_input
-    from pipeline.losses import loss_from_params
-    from pipeline.models import create_model, model_flops
+    from pipeline.models import model_flops
     from pipeline.preprocess import normalize_batch
-    from pipeline.train import StepState, build_optimizer, train_one_epoch
+    from pipeline.train import StepState, build_training, train_steps
 
-    tcfg, mcfg = cfg["train"], cfg["model"]
     cache = load_cache(Path(cache_dir) / "train")
     if cache.keypoints is None:
         raise PipelineError(Path(cache_dir) / "train", "bench needs a labelled training cache")
-    schema, cache_size, in_chans = cache.schema, cache.faces.shape[1], mcfg["in_chans"]
-    torch.manual_seed(tcfg["seed"])
-    amp = amp_dtype(tcfg["amp"], device)
-    channels_last = use_channels_last(tcfg["channels_last"], device)
-    model = create_model(preset, schema.k, in_chans=in_chans, input_size=input_size, **(options or {})).to(device)
-    if channels_last:
-        model = model.to(memory_format=torch.channels_last)
-    optimizer = build_optimizer(model, tcfg)
-    scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
-    mean_shape = crop_to_input(cache.keypoints.mean(0).astype(np.float64), cache_size, input_size)
-    neighbours = torch.as_tensor(schema.neighbours(mean_shape), device=device)
-    loss_fn = loss_from_params(tcfg, input_size, neighbours, hasattr(model, "forward_maps"))
-    # constant lr: the schedule does not change the cost of a step
-    state = StepState(0, 10 ** 9, 0, tcfg["lr"] * 0.1)
-
-    augment = TrainAugment(schema, cache_size, input_size, tcfg["scale_min"], tcfg["scale_max"], tcfg["flip"],
-                           tcfg["randaug_n"], tcfg["randaug_m"])
-    dataset = FaceDataset(cache.faces, cache.keypoints, np.arange(len(cache)), augment, in_chans)
-    sampler = EpochSampler(len(dataset), tcfg["seed"])
-    bs = min(batch_size, len(dataset))
-    real_feed = DeviceLoader(make_loader(dataset, bs, sampler, device, tcfg["num_workers"], drop_last=True,
-                                         seed=tcfg["seed"]), device, channels_last)
+    bs = min(batch_size, len(cache))
+    cfg = {**cfg, "model": {**cfg["model"], "preset": preset, "input_size": input_size, "options": dict(options or {})},
+           "train": {**cfg["train"], "batch_size": bs}}
+    setup = build_training(cfg, cache, np.arange(len(cache)), device)
+    # constant, low lr: the schedule does not change the cost of a step, and random
+    # synthetic targets must not make the loss diverge
+    setup.state = StepState(0, 10 ** 9, 0, cfg["train"]["lr"] * 0.1)
+    in_chans, k = cfg["model"]["in_chans"], cache.schema.k
     g = torch.Generator().manual_seed(0)
     images = torch.randint(0, 256, (bs, in_chans, input_size, input_size), dtype=torch.uint8, generator=g)
-    target = torch.rand(bs, schema.k, 2, generator=g) * (input_size - 1)
-    synth = (normalize_batch(images.to(device), channels_last), target.to(device), torch.arange(bs))
-    synth_feed = _Repeat(synth)
+    target = torch.rand(bs, k, 2, generator=g) * (input_size - 1)
+    synth = (normalize_batch(images.to(device), setup.channels_last), target.to(device), torch.arange(bs))
+    real_feed, synth_feed = _TrainEpochs(setup), _Repeat(synth)
 
     def run(feed, n):
+        take = _Steps(feed, n)
         _sync(device)
         t0 = time.perf_counter()
-        train_one_epoch(model, _Batches(feed, n), loss_fn, optimizer, scaler, state, device, amp,
-                        tcfg["grad_clip"], progress=False)
+        train_steps(setup, take, progress=False)
         _sync(device)
-        return n * bs / (time.perf_counter() - t0)
+        elapsed = time.perf_counter() - t0
+        return take.images / elapsed, take.wait_s / elapsed
 
     run(real_feed, warmup)
     run(synth_feed, warmup)
@@ -195,11 +196,13 @@ def bench_train(cfg: dict, preset: str, cache_dir: Path, steps: int, batch_size:
     for _ in range(rounds):  # alternate, so both see the same background load
         real.append(run(real_feed, steps))
         syn.append(run(synth_feed, steps))
-    flops = 3.0 * model_flops(model, input_size, in_chans)
-    return {"images_per_s_real": max(real), "images_per_s_synthetic": max(syn),
-            "data_overhead": 1.0 - max(real) / max(syn), "ratio_real_synthetic": max(real) / max(syn),
-            "train_flops_per_image": flops, "batch_size": bs, "input_size": input_size, "steps": steps,
-            "num_workers": tcfg["num_workers"]}
+    best_real, wait_frac = max(real)
+    best_syn = max(syn)[0]
+    flops = 3.0 * model_flops(setup.model, input_size, in_chans)
+    return {"images_per_s_real": best_real, "images_per_s_synthetic": best_syn,
+            "data_overhead": 1.0 - best_real / best_syn, "ratio_real_synthetic": best_real / best_syn,
+            "data_wait_frac_real": wait_frac, "train_flops_per_image": flops, "batch_size": bs,
+            "input_size": input_size, "steps": steps, "num_workers": cfg["train"]["num_workers"]}
 
 
 # ------------------------------------------------------------------------------ inference
@@ -589,10 +592,11 @@ def format_table(res: dict[str, Any]) -> str:
              "matmul peak: " + ", ".join(f"{k} {v / 1e9:8.1f} GFLOP/s" for k, v in res["matmul_peak_flops"].items())]
     lines.append("")
     lines.append(f"{'training':<16} {'px':>4} {'batch':>5} {'real img/s':>11} {'synth img/s':>11} "
-                 f"{'real/synth':>10} {'GFLOP/img':>9} {'eff synth':>9} {'eff real':>9}")
+                 f"{'real/synth':>10} {'wait':>6} {'GFLOP/img':>9} {'eff synth':>9} {'eff real':>9}")
     for preset, t in res["train"].items():
         lines.append(f"{preset:<16} {t['input_size']:>4} {t['batch_size']:>5} {t['images_per_s_real']:>11.1f} "
                      f"{t['images_per_s_synthetic']:>11.1f} {t['ratio_real_synthetic']:>10.3f} "
+                     f"{100 * t['data_wait_frac_real']:>5.1f}% "
                      f"{t['train_flops_per_image'] / 1e9:>9.3f} {100 * t['compute_efficiency_synthetic']:>8.1f}% "
                      f"{100 * t['compute_efficiency_real']:>8.1f}%")
     lines.append("")

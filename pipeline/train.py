@@ -1,4 +1,6 @@
-"""Train one fold: `build_optimizer`, pure `get_lr(step)`, `train_one_epoch`, `evaluate`, `fit`.
+"""Train one fold: `build_optimizer`, pure `get_lr(step)`, `train_one_epoch`, `evaluate`; `fit` =
+`load_fold` + `build_training` (a `TrainSetup`, which bench builds too) + per epoch
+`make_epoch_loader` and `train_steps`.
 
 Checkpoints go to models/fold{K}/last.pt every epoch and best.pt at the lowest validation
 MAE (in original-image pixels). `--resume` continues from last.pt when it was written by
@@ -205,39 +207,44 @@ def _config_key(cfg: dict) -> dict:
     return key
 
 
-def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: str | Path = "folds/folds.csv",
-        out_root: str | Path = "models", resume: bool = True, live_dir: str | Path | None = None,
-        max_epochs: int | None = None) -> dict[str, float]:
-    """Train fold `fold`; returns the final metrics. `max_epochs` stops early (for tests of
-    interruption): the schedule still follows train.epochs."""
+@dataclass
+class TrainSetup:
+    """One training run, built once by `build_training`: the model and what updates it, the
+    data it learns from and where the schedule stands. `fit` runs its epochs (one
+    `make_epoch_loader` + `train_steps` each); `pipeline bench` times the same steps."""
+
+    cfg: dict
+    device: torch.device
+    amp: torch.dtype | None  # autocast dtype, None = fp32
+    channels_last: bool
+    model: torch.nn.Module  # the weights that are saved
+    net: torch.nn.Module  # what trains: the model, or its DDP wrapper (same parameters)
+    optimizer: torch.optim.Optimizer
+    scaler: Any  # torch.amp.GradScaler for fp16 autocast, else None
+    loss_fn: torch.nn.Module
+    dataset: Any  # data.FaceDataset of the training faces, with TrainAugment
+    sampler: Any  # data.EpochSampler
+    state: StepState
+    batch_size: int  # per rank: train.batch_size / world
+    mean_shape: np.ndarray  # (K, 2) mean training shape, input px
+    rank: int = 0
+    world: int = 1
+
+
+def build_training(cfg: dict, cache, train_idx: np.ndarray, device: torch.device, rank: int = 0,
+                   world: int = 1) -> TrainSetup:
+    """Model (seeded by train.seed), optimizer, AMP scaler, loss, augmenting dataset and
+    sampler for training on the faces `train_idx` of `cache`, with the lr schedule over
+    train.epochs. Under DDP (world > 1) the model is wrapped and each rank takes its share
+    of every batch."""
     from pipeline.augment import TrainAugment
-    from pipeline.cache import load_cache
-    from pipeline.checkpoint import load_checkpoint, save_checkpoint
-    from pipeline.config import write_resolved
-    from pipeline.data import DeviceLoader, EpochSampler, FaceDataset, make_loader
-    from pipeline.device import amp_dtype, resolve_device, use_channels_last
-    from pipeline.io import remove_stale_temps, write_json
+    from pipeline.data import EpochSampler, FaceDataset
+    from pipeline.device import amp_dtype, use_channels_last
+    from pipeline.geometry import crop_to_input
     from pipeline.losses import loss_from_params
     from pipeline.models import create_model
 
     tcfg, mcfg = cfg["train"], cfg["model"]
-    out = Path(out_root) / f"fold{fold}"
-    cache = load_cache(Path(cache_dir) / "train")
-    if cache.keypoints is None:
-        raise PipelineError(Path(cache_dir) / "train", "training cache has no keypoints")
-    from pipeline.foldsfile import read_folds
-
-    fold_of = read_folds(folds_path, cache.meta, Path(cache_dir) / "train")  # rows must be the cache's faces
-    k = int(fold_of.max()) + 1
-    if not 0 <= fold < k:
-        raise PipelineError(folds_path, f"fold {fold} out of range: folds are 0..{k - 1}")
-    train_idx, val_idx = np.flatnonzero(fold_of != fold), np.flatnonzero(fold_of == fold)
-    schema = cache.schema
-
-    rank, world, device_name = init_distributed(tcfg["device"])
-    is_main = rank == 0  # only rank 0 writes checkpoints, metrics and DVCLive logs
-    if not is_main:  # and only rank 0 logs progress: the other ranks report warnings only
-        log.setLevel(logging.WARNING)
     if tcfg["batch_size"] % world:
         raise PipelineError(params_source("train.batch_size"),
                             f"train.batch_size {tcfg['batch_size']} is not divisible by "
@@ -246,63 +253,136 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
     # schedule do not change with the number of processes
     rank_batch = tcfg["batch_size"] // world
     torch.manual_seed(tcfg["seed"])
-    device = resolve_device(device_name)
     amp = amp_dtype(tcfg["amp"], device)
     channels_last = use_channels_last(tcfg["channels_last"], device)
-    cache_size, input_size = cache.faces.shape[1], mcfg["input_size"]
+    schema, cache_size, input_size = cache.schema, cache.faces.shape[1], mcfg["input_size"]
 
     model = create_model(mcfg["preset"], schema.k, in_chans=mcfg["in_chans"], input_size=input_size,
                          **mcfg["options"]).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    net = model  # what trains: the model, or its DDP wrapper (same parameters)
+    net = model
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = build_optimizer(model, tcfg)
     scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
 
-    # the mean shape of this fold's training faces (input px) fixes the structure-loss neighbours
-    from pipeline.geometry import crop_to_input
+    # the mean shape of the training faces (input px) fixes the structure-loss neighbours
     mean_shape = crop_to_input(cache.keypoints[train_idx].mean(0).astype(np.float64), cache_size, input_size)
     neighbours = torch.as_tensor(schema.neighbours(mean_shape), device=device)
     heatmap_model = hasattr(model, "forward_maps")
     if tcfg["heatmap_lambda"] > 0 and not heatmap_model:
-        log.warning("fold %d: %s regresses coordinates directly: train.heatmap_lambda ignored", fold,
-                    mcfg["preset"])
+        log.warning("%s regresses coordinates directly: train.heatmap_lambda ignored", mcfg["preset"])
     loss_fn = loss_from_params(tcfg, input_size, neighbours, heatmap_model)
 
     steps_per_epoch = math.ceil(math.ceil(len(train_idx) / world) / rank_batch)
     state = StepState(0, steps_per_epoch * tcfg["epochs"],
                       round(tcfg["warmup_epochs"] * steps_per_epoch), tcfg["lr"])
-    # "crop": the geometry of the cache the model actually saw (params may name another
-    # size than the cache on disk); standalone prediction must crop new faces the same way
-    ckpt_meta = {"model_config": model.config, "schema": schema.to_dict(), "config": cfg,
-                 "crop": {"size": int(cache_size), "expand": float(cache.info["expand"]),
-                          "label_origin": float(cache.info.get("label_origin", 0.0))},
-                 "mean_shape": mean_shape.tolist(), "fold": fold}
-    start_epoch, best_mae, history = 0, float("inf"), []
-    last_path = out / "last.pt"
-    if resume and last_path.exists():
-        ck = load_checkpoint(last_path, "cpu", schema)
-        if "config" in ck and _config_key(ck["config"]) == _config_key(cfg):
-            model.load_state_dict(ck["model"])
-            optimizer.load_state_dict(ck["optimizer"])
-            if scaler is not None and ck.get("scaler"):
-                scaler.load_state_dict(ck["scaler"])
-            start_epoch, state.step = ck["epoch"], ck["scheduler_step"]
-            best_mae, history = ck["best_mae"], list(ck.get("history", []))
-            if not (out / "best.pt").exists():
-                best_mae = float("inf")  # best.pt was removed: the next epoch rewrites it
-            log.info("fold %d: resuming from %s at epoch %d", fold, last_path, start_epoch)
-        else:
-            log.info("fold %d: %s was trained with other params; starting afresh", fold, last_path)
-
     augment = TrainAugment(schema, cache_size, input_size, tcfg["scale_min"], tcfg["scale_max"],
                            tcfg["flip"], tcfg["randaug_n"], tcfg["randaug_m"])
     dataset = FaceDataset(cache.faces, cache.keypoints, train_idx, augment, mcfg["in_chans"])
     sampler = EpochSampler(len(dataset), tcfg["seed"], rank=rank, world=world)
+    return TrainSetup(cfg, device, amp, channels_last, model, net, optimizer, scaler, loss_fn, dataset, sampler,
+                      state, rank_batch, mean_shape, rank, world)
 
+
+def make_epoch_loader(setup: TrainSetup, epoch: int):
+    """The DeviceLoader of epoch `epoch` (0-based): the sampler's order and the augmentation
+    draws are fixed by (train.seed, epoch, rank), so a resumed run sees exactly the batches
+    the uninterrupted one saw.
+
+    Seeds torch's global RNG, which the augmentation draws from when train.num_workers is
+    0 (in the loader's producer thread): nothing else may draw from it during the epoch."""
+    from pipeline.data import DeviceLoader, make_loader
+
+    tcfg = setup.cfg["train"]
+    # per rank too, or every DDP rank would draw the same augmentation sequence
+    epoch_seed = tcfg["seed"] * 1000 + epoch + 1_000_003 * setup.rank
+    torch.manual_seed(epoch_seed)
+    setup.sampler.set_epoch(epoch)
+    loader = make_loader(setup.dataset, setup.batch_size, setup.sampler, setup.device, tcfg["num_workers"],
+                         drop_last=False, seed=epoch_seed)
+    return DeviceLoader(loader, setup.device, setup.channels_last)
+
+
+def train_steps(setup: TrainSetup, loader, desc: str = "train", progress: bool = True) -> dict[str, float]:
+    """`train_one_epoch` of the setup's network over `loader`."""
+    return train_one_epoch(setup.net, loader, setup.loss_fn, setup.optimizer, setup.scaler, setup.state,
+                           setup.device, setup.amp, setup.cfg["train"]["grad_clip"], desc=desc, progress=progress)
+
+
+def load_fold(cache_dir: str | Path, folds_path: str | Path, fold: int):
+    """(training cache, train indices, validation indices) of fold `fold`."""
+    from pipeline.cache import load_cache
+    from pipeline.foldsfile import read_folds
+
+    cache = load_cache(Path(cache_dir) / "train")
+    if cache.keypoints is None:
+        raise PipelineError(Path(cache_dir) / "train", "training cache has no keypoints")
+    fold_of = read_folds(folds_path, cache.meta, Path(cache_dir) / "train")  # rows must be the cache's faces
+    k = int(fold_of.max()) + 1
+    if not 0 <= fold < k:
+        raise PipelineError(folds_path, f"fold {fold} out of range: folds are 0..{k - 1}")
+    return cache, np.flatnonzero(fold_of != fold), np.flatnonzero(fold_of == fold)
+
+
+def checkpoint_meta(setup: TrainSetup, cache, fold: int) -> dict[str, Any]:
+    """What every checkpoint of this run carries besides the weights and the step state."""
+    # "crop": the geometry of the cache the model actually saw (params may name another
+    # size than the cache on disk); standalone prediction must crop new faces the same way
+    return {"model_config": setup.model.config, "schema": cache.schema.to_dict(), "config": setup.cfg,
+            "crop": {"size": int(cache.faces.shape[1]), "expand": float(cache.info["expand"]),
+                     "label_origin": float(cache.info.get("label_origin", 0.0))},
+            "mean_shape": setup.mean_shape.tolist(), "fold": fold}
+
+
+def resume_training(setup: TrainSetup, out: Path, schema, fold: int) -> tuple[int, float, list[dict]]:
+    """Load out/last.pt into the setup when it was made with the same params: (epochs done,
+    best val MAE, history); (0, inf, []) when there is nothing to resume."""
+    from pipeline.checkpoint import load_checkpoint
+
+    last_path = out / "last.pt"
+    if not last_path.exists():
+        return 0, float("inf"), []
+    ck = load_checkpoint(last_path, "cpu", schema)
+    if "config" not in ck or _config_key(ck["config"]) != _config_key(setup.cfg):
+        log.info("fold %d: %s was trained with other params; starting afresh", fold, last_path)
+        return 0, float("inf"), []
+    setup.model.load_state_dict(ck["model"])
+    setup.optimizer.load_state_dict(ck["optimizer"])
+    if setup.scaler is not None and ck.get("scaler"):
+        setup.scaler.load_state_dict(ck["scaler"])
+    setup.state.step = ck["scheduler_step"]
+    best_mae, history = ck["best_mae"], list(ck.get("history", []))
+    if not (out / "best.pt").exists():
+        best_mae = float("inf")  # best.pt was removed: the next epoch rewrites it
+    log.info("fold %d: resuming from %s at epoch %d", fold, last_path, ck["epoch"])
+    return ck["epoch"], best_mae, history
+
+
+def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: str | Path = "folds/folds.csv",
+        out_root: str | Path = "models", resume: bool = True, live_dir: str | Path | None = None,
+        max_epochs: int | None = None) -> dict[str, float]:
+    """Train fold `fold`; returns the final metrics. `max_epochs` stops early (for tests of
+    interruption): the schedule still follows train.epochs."""
+    from pipeline.checkpoint import save_checkpoint
+    from pipeline.config import write_resolved
+    from pipeline.device import resolve_device
+    from pipeline.io import remove_stale_temps, write_json
+
+    tcfg = cfg["train"]
+    out = Path(out_root) / f"fold{fold}"
+    cache, train_idx, val_idx = load_fold(cache_dir, folds_path, fold)
+    rank, world, device_name = init_distributed(tcfg["device"])
+    is_main = rank == 0  # only rank 0 writes checkpoints, metrics and DVCLive logs
+    if not is_main:  # and only rank 0 logs progress: the other ranks report warnings only
+        log.setLevel(logging.WARNING)
+    setup = build_training(cfg, cache, train_idx, resolve_device(device_name), rank, world)
+    meta = checkpoint_meta(setup, cache, fold)
+    start_epoch, best_mae, history = resume_training(setup, out, cache.schema, fold) if resume else (0, float("inf"), [])
+
+    last_path = out / "last.pt"
     if is_main:
         out.mkdir(parents=True, exist_ok=True)
         # temp files of a run killed mid-write (kill -9) are never renamed onto an output
@@ -311,22 +391,13 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
         write_resolved(cfg, out, TRAIN_SECTIONS)
     live = _open_live(live_dir, resume=start_epoch > 0) if is_main else None
     log.info("fold %d: %d train / %d val faces, %s on %s, amp=%s, %d epochs", fold, len(train_idx),
-             len(val_idx), mcfg["preset"], device, amp, tcfg["epochs"])
+             len(val_idx), cfg["model"]["preset"], setup.device, setup.amp, tcfg["epochs"])
     end_epoch = tcfg["epochs"] if max_epochs is None else min(tcfg["epochs"], max_epochs)
     for epoch in range(start_epoch, end_epoch):
-        # seed per epoch: a resumed run draws the same augmentations as an uninterrupted one;
-        # per rank too, or every DDP rank would draw the same augmentation sequence
-        epoch_seed = tcfg["seed"] * 1000 + epoch + 1_000_003 * rank
-        torch.manual_seed(epoch_seed)
-        sampler.set_epoch(epoch)
-        loader = DeviceLoader(make_loader(dataset, rank_batch, sampler, device, tcfg["num_workers"],
-                                          drop_last=False, seed=epoch_seed),
-                              device, channels_last)
-        tr = train_one_epoch(net, loader, loss_fn, optimizer, scaler, state, device, amp,
-                             tcfg["grad_clip"], desc=f"fold {fold} epoch {epoch + 1}/{tcfg['epochs']}",
-                             progress=is_main)
+        tr = train_steps(setup, make_epoch_loader(setup, epoch), desc=f"fold {fold} epoch {epoch + 1}/{tcfg['epochs']}",
+                         progress=is_main)
         tr["images_per_s"] *= world  # every rank trains on its own share at the same pace
-        ev = evaluate(model, cache, val_idx, ckpt_meta, 64, device)
+        ev = evaluate(setup.model, cache, val_idx, meta, 64, setup.device)
         row = {"epoch": epoch + 1, "train_loss": tr["loss"], "val_mae": ev["mae"], "val_nme": ev["nme"],
                "data_wait_frac": tr["data_wait_frac"], "images_per_s": tr["images_per_s"], "lr": tr["lr"]}
         history.append(row)
@@ -335,9 +406,9 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = "data/cache", folds_path: 
                  100 * tr["data_wait_frac"])
         improved = ev["mae"] < best_mae or not math.isfinite(best_mae)
         best_mae = min(best_mae, ev["mae"]) if math.isfinite(ev["mae"]) else best_mae
-        ckpt = {**ckpt_meta, "model": model.state_dict(), "optimizer": optimizer.state_dict(),
-                "scaler": scaler.state_dict() if scaler is not None else {},
-                "scheduler_step": state.step, "epoch": epoch + 1, "best_mae": best_mae, "history": history}
+        ckpt = {**meta, "model": setup.model.state_dict(), "optimizer": setup.optimizer.state_dict(),
+                "scaler": setup.scaler.state_dict() if setup.scaler is not None else {},
+                "scheduler_step": setup.state.step, "epoch": epoch + 1, "best_mae": best_mae, "history": history}
         if is_main:
             if improved:
                 save_checkpoint(out / "best.pt", ckpt)
