@@ -150,9 +150,10 @@ class _Producer:
         self.thread.start()
 
     def _run(self) -> None:
-        # one intra-op thread here (the setting is per thread under OpenMP): the compute
-        # threads already fill the cores, and a second OpenMP team for this thread's small
-        # ops oversubscribes them (measured on 2 cores: training at half speed)
+        # one intra-op thread for this thread's torch ops (the setting is per thread under
+        # OpenMP): the training step's threads already fill the cores, and a second OpenMP
+        # team for the small per-sample ops oversubscribes them (measured on 2 cores:
+        # training at half speed)
         torch.set_num_threads(1)
         try:
             for batch in self.batches:
