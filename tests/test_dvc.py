@@ -110,21 +110,28 @@ def _digest(path: Path) -> str:
     return h.hexdigest()
 
 
+def tiny_project(root: Path, tiny: dict, files=("dvc.yaml",)) -> dict[str, str]:
+    """Copy this checkout's pipeline and `files` into `root`, with params.yaml's sections
+    updated by `tiny`; returns the environment that runs this checkout's `pipeline` there."""
+    for name in files:
+        shutil.copy(REPO / name, root / name)
+    shutil.copytree(REPO / "pipeline", root / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    params = yaml.safe_load((REPO / "params.yaml").read_text())
+    for section, values in tiny.items():
+        params[section].update(values)
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    bindir = str(Path(sys.executable).parent)
+    return {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1",
+            "PYTHONPATH": str(REPO), "DVC_NO_ANALYTICS": "1"}
+
+
 @pytest.fixture(scope="module")
 def dvc_project(tmp_path_factory):
     dvc = Path(sys.executable).parent / "dvc"
     if not dvc.exists() and shutil.which("dvc") is None:
         pytest.skip("dvc is not installed")
     root = tmp_path_factory.mktemp("dvcproj")
-    shutil.copy(REPO / "dvc.yaml", root / "dvc.yaml")
-    shutil.copytree(REPO / "pipeline", root / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    for section, values in TINY.items():
-        params[section].update(values)
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    bindir = str(Path(sys.executable).parent)
-    env = {**os.environ, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO), "DVC_NO_ANALYTICS": "1"}
+    env = tiny_project(root, TINY)
 
     def run(*args: str) -> str:
         r = subprocess.run([str(dvc) if dvc.exists() else "dvc", *args], cwd=root, env=env, capture_output=True,
@@ -240,18 +247,9 @@ def test_queued_experiments_compare_in_dvc_exp_show(tmp_path):
         pytest.skip("dvc or git is not installed")
     root = tmp_path / "proj"
     root.mkdir()
-    for name in ("dvc.yaml", ".gitignore"):
-        shutil.copy(REPO / name, root / name)
-    shutil.copytree(REPO / "pipeline", root / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
-    params = yaml.safe_load((REPO / "params.yaml").read_text())
-    for section, values in QUEUE_TINY.items():
-        params[section].update(values)
-    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    bindir = str(Path(sys.executable).parent)
     who = {f"GIT_{role}_{field}": value for role in ("AUTHOR", "COMMITTER")
            for field, value in (("NAME", "test"), ("EMAIL", "test@example.com"))}
-    env = {**os.environ, **who, "PATH": bindir + os.pathsep + os.environ.get("PATH", ""), "OMP_NUM_THREADS": "1",
-           "PYTHONPATH": str(REPO), "DVC_NO_ANALYTICS": "1"}
+    env = {**tiny_project(root, QUEUE_TINY, ("dvc.yaml", ".gitignore")), **who}
 
     def run(*args: str) -> str:
         r = subprocess.run(list(args), cwd=root, env=env, capture_output=True, text=True, timeout=600)
