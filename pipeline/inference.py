@@ -10,9 +10,13 @@ from typing import Sequence
 import numpy as np
 import torch
 
+from pipeline.checkpoint import checkpoint_crop, checkpoint_label_origin
 from pipeline.config import params_source
+from pipeline.device import amp_dtype, autocast
 from pipeline.errors import PipelineError
-from pipeline.preprocess import resize_batch
+from pipeline.flip import flip_images, unflip_coords
+from pipeline.geometry import crop_one, crop_transform, input_to_crop, to_original
+from pipeline.preprocess import faces_to_chw, normalize_batch, resize_batch
 
 
 @torch.inference_mode()
@@ -28,10 +32,6 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
     back), and the mean of the two. The faces and their mirrors go through the model as one
     batch of 2B: one call instead of two, which at batch 1 (one face at a time) is most of
     the TTA cost saved."""
-    from pipeline.device import autocast
-    from pipeline.flip import flip_images, unflip_coords
-    from pipeline.geometry import input_to_crop
-    from pipeline.preprocess import faces_to_chw, normalize_batch
 
     model.eval()
     cache_size = faces.shape[1]
@@ -64,10 +64,6 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
 def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndarray, tta: str,
                      batch_size: int, device: torch.device, progress: bool = False) -> dict[str, np.ndarray]:
     """predict_crops for a checkpoint's model, mapped to original-image pixels."""
-    from pipeline.checkpoint import checkpoint_label_origin
-    from pipeline.device import amp_dtype
-    from pipeline.geometry import to_original
-
     if tta not in ("none", "flip"):
         raise PipelineError(params_source("predict.tta"), f"predict.tta must be none|flip, got '{tta}'")
     cfg = ckpt["model_config"]
@@ -84,8 +80,6 @@ def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndar
 
 def check_crop_geometry(path, ckpt: dict, cache) -> None:
     """A checkpoint predicts only faces cropped as in its training (crop side, expand)."""
-    from pipeline.checkpoint import checkpoint_crop
-
     have = (int(cache.info["size"]), float(cache.info["expand"]))
     want = checkpoint_crop(ckpt, path)
     if want != have:
@@ -99,12 +93,6 @@ def predict_boxes(image: np.ndarray, boxes: np.ndarray, models: Sequence[tuple],
     """Keypoints (M, K, 2) in photo pixels for training-convention boxes (M, 4): each model
     sees the face cropped as in its training cache (crop.side, crop.expand), predictions
     are mapped back through the crop transform and averaged over the models."""
-    import torch
-
-    from pipeline.checkpoint import checkpoint_crop
-    from pipeline.geometry import crop_one, crop_transform
-    from pipeline.inference import predict_original
-
     device = device or torch.device("cpu")
     preds = []
     for model, ckpt in models:

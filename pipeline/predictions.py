@@ -20,7 +20,6 @@ from pipeline.errors import PipelineError
 from pipeline.io import atomic_path
 
 
-TEST_KEYS = ("ensemble", "ensemble_raw", "per_fold", "folds", "bias", "calibrated")
 OOF_KEYS = ("tta", "plain", "fold")
 
 
@@ -41,7 +40,8 @@ def write_oof_predictions(path: str | os.PathLike, *, tta: np.ndarray, plain: np
     _write_npz(Path(path), {"tta": tta, "plain": plain, "fold": fold})
 
 
-def read_predictions(path: str | os.PathLike, keys: Sequence[str], optional: Sequence[str] = ()) -> dict[str, np.ndarray]:
+def read_predictions(path: str | os.PathLike, keys: Sequence[str],
+                     optional: Sequence[str] = ()) -> dict[str, np.ndarray]:
     """Arrays `keys` of a predictions file (test.npz or oof.npz); each of `optional` is
     returned only when present (files from an older predict lack it)."""
     path = Path(path)
