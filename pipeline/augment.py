@@ -78,11 +78,6 @@ ANTIALIAS_BELOW = 0.8
 
 
 # ---------------------------------------------------------------------------------------
-# crop <-> network input coordinates
-# ---------------------------------------------------------------------------------------
-
-
-# ---------------------------------------------------------------------------------------
 # geometry: 3x3 forward matrices (source pixel centre -> output pixel centre)
 # ---------------------------------------------------------------------------------------
 
@@ -468,7 +463,7 @@ class TrainAugment:
 
 class EvalTransform:
     """Deterministic cache -> input resize (torchvision antialiased bilinear on uint8, the
-    filter `pipeline.predict` uses), keypoints by `crop_to_input`; `input_to_crop` maps
+    filter of `preprocess.resize_batch`), keypoints by `crop_to_input`; `input_to_crop` maps
     predictions back."""
 
     def __init__(self, schema: KeypointSchema, cache_size: int, input_size: int):

@@ -1,7 +1,8 @@
 """The face cache format (`pipeline crop` -> `<cache>/{train,test}/`), its one writer and
 its readers: `load_cache` for the whole split, and narrow readers of single files for
-stages whose DVC deps name only that file (folds: meta.csv; submit: meta.csv and
-info.json; evaluate: keypoints_orig.npy). All of them share the checks below.
+stages whose DVC deps name only those files (folds: train meta.csv; submit: test
+meta.csv and info.json; evaluate: train keypoints_orig.npy and info.json, test
+meta.csv). All of them share the checks below.
 
 Files per split (docs/design.md, "Face cache"): faces.npy, keypoints.npy,
 keypoints_orig.npy (labelled sets), crop_to_orig.npy, meta.csv, info.json."""
@@ -50,12 +51,13 @@ class Cache:
 def write_cache_split(folder: Path, faces: list, crops: np.ndarray, crop_to_orig: np.ndarray,
                       image_sizes: np.ndarray, schema: KeypointSchema, xml: Path, side: int, expand: float,
                       label_origin: float, run: str) -> None:
-    """One split into the (new, empty) `folder`: `faces` (dataset.Face list, in XML order),
+    """One split into `folder` (new, or holding only the caller's own files, such as the
+    run's params): `faces` (dataset.Face list, in XML order),
     their crops (N, side, side, 3) uint8, transforms (N, 2, 3), photo (width, height)
     (N, 2); `run` ties the split to the other split of the same crop run."""
     import pandas as pd
 
-    folder.mkdir()
+    folder.mkdir(exist_ok=True)
     write_npy(folder / "faces.npy", crops)
     write_npy(folder / "crop_to_orig.npy", crop_to_orig)
     has_kp = faces[0].keypoints is not None
@@ -139,6 +141,16 @@ def read_array(split: str | os.PathLike, name: str, mmap: bool = False, shape_k:
         want = f"(N, {shape_k if shape_k is not None else 'K'}, 2)"
         raise PipelineError(path, f"expected shape {want}, got {arr.shape}")
     return arr
+
+
+def face_count(split: str | os.PathLike) -> int | None:
+    """How many faces a cache split holds (meta.csv rows); None when there is no split."""
+    return len(read_meta(split, columns=())) if (Path(split) / "meta.csv").exists() else None
+
+
+def split_schema(split: str | os.PathLike) -> KeypointSchema | None:
+    """The keypoint schema a cache split was cropped with; None when there is no split."""
+    return read_info(split)[1] if (Path(split) / CACHE_MARKER).exists() else None
 
 
 def load_cache(path: str | os.PathLike) -> Cache:

@@ -70,9 +70,10 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, 
     run = uuid.uuid4().hex
     with staging_dir(out, CACHE_MARKER, is_ours=is_cache_root) as tmp:
         for name, (xml, _) in splits.items():
+            (tmp / name).mkdir()
+            write_resolved(cfg, tmp / name, ["data", "crop"])  # before the split's info.json marks it complete
             write_cache_split(tmp / name, faces[name], *crops[name], schema, xml, ccfg["side"], ccfg["expand"],
                               float(dcfg["label_origin"]), run)
-            write_resolved(cfg, tmp / name, ["data", "crop"])
             kill_point(f"crop:{name}")  # tests only (pipeline/faults.py)
         write_resolved(cfg, tmp, ["data", "crop"])
     return {name: len(f) for name, f in faces.items()}

@@ -150,10 +150,11 @@ class _Producer:
         self.thread.start()
 
     def _run(self) -> None:
-        # one intra-op thread for this thread's torch ops (the setting is per thread under
-        # OpenMP): the training step's threads already fill the cores, and a second OpenMP
-        # team for the small per-sample ops oversubscribes them (measured on 2 cores:
-        # training at half speed)
+        # one intra-op thread for this thread's torch ops: the training step's threads
+        # already fill the cores, and a second OpenMP team for the small per-sample ops
+        # oversubscribes them (measured on 2 cores: training at half speed). Under OpenMP
+        # the main thread keeps its own count, but threads started after this one inherit
+        # 1 (none are started during training: DataLoader workers are processes)
         torch.set_num_threads(1)
         try:
             for batch in self.batches:

@@ -17,7 +17,7 @@ import click
 import numpy as np
 
 from pipeline.backend import load_models
-from pipeline.facedet import locate_faces
+from pipeline.facedet import get_detector, locate_faces
 from pipeline.inference import predict_boxes
 
 log = logging.getLogger(__name__)
@@ -47,7 +47,6 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
     from pipeline.io import write_bytes
     from pipeline.schema import schema_from_dict
 
-    from pipeline.facedet import get_detector
 
     found = get_detector(detector)  # before the models load: a missing detector fails fast
     device = resolve_device(device_name)

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import click
 import numpy as np
 
-from pipeline.cache import CACHE_MARKER, read_array, read_info, read_meta
+from pipeline.cache import face_count, read_array, split_schema
 from pipeline.config import config_options
 from pipeline.errors import PipelineError
 from pipeline.foldsfile import read_folds
@@ -31,9 +31,6 @@ log = logging.getLogger(__name__)
 
 # params sections recorded in metrics/history.jsonl and compared by the leaderboard
 HISTORY_SECTIONS = ("data", "crop", "folds", "model", "train", "predict")
-
-
-# ---------------------------------------------------------------------------- metrics
 
 
 def _r(x: float | None) -> float | None:
@@ -214,8 +211,9 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
 
     cache, predictions, out = Path(cache), Path(predictions), Path(out_dir)
     train_split, test_split = cache / "train", cache / "test"
-    schema = (read_info(train_split)[1] if (train_split / CACHE_MARKER).exists()
-              else get_schema(cfg["data"]))
+    schema = split_schema(train_split)
+    if schema is None:  # no cache: the params' schema
+        schema = get_schema(cfg["data"])
     eyes = schema.eyes
 
     # OOF
@@ -249,7 +247,7 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
         log.info("no submission at %s: test set not scored", sub)
     else:
         # the solution must cover the test faces
-        n_test = len(read_meta(test_split, columns=())) if (test_split / "meta.csv").exists() else None
+        n_test = face_count(test_split)
         s = score_files(sub, sol, schema.k, eyes, None if n_test is None else n_test * schema.k * 2)
         test = {"mae": s["mae"], "nme": s["nme"], "n": s["faces"], "solution": str(sol), "submission": str(sub)}
 

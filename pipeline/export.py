@@ -157,8 +157,6 @@ def quantize_int8(data: bytes, calib: np.ndarray) -> bytes:
         return q.read_bytes()
 
 
-# ------------------------------------------------------------------------------ reading
-
 
 @click.command("export")
 @click.argument("checkpoint")

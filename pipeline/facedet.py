@@ -45,7 +45,7 @@ MTCNN_MIN_PROB = 0.95
 # narrower and ends lower at the chin's top, the training box runs from the brows down).
 # dlib: 384 of 400 matched; width 0.955, height 1.050, dy +0.025: the competition's boxes
 # came from a dlib detector, so its boxes need the smallest correction.
-# Haar: see pipeline.detect.HAAR_TO_BOX.
+# Haar: see pipeline.haar.HAAR_TO_BOX.
 TO_BOX = {
     "mtcnn": {"w_scale": 1.02, "h_scale": 0.86, "dx": 0.0, "dy": 0.10},
     "dlib": {"w_scale": 0.955, "h_scale": 1.05, "dx": 0.0, "dy": 0.025},
@@ -264,6 +264,4 @@ def evaluate(xml_path: str | os.PathLike, detector: str, min_iou: float = 0.5, l
 
 def locate_faces(image: np.ndarray, max_faces: int = 0, detector: str | None = "auto") -> tuple[np.ndarray, np.ndarray]:
     """(boxes in the training convention (M, 4), raw detector boxes (M, 4)), largest first."""
-    from pipeline.facedet import get_detector
-
     return get_detector(detector)(image, max_faces)

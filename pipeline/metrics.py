@@ -47,5 +47,5 @@ def nme(pred, truth, eyes: tuple[int, int] | Sequence[int] | None = (36, 45)) ->
 
 
 def per_face_mae(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:
-    """(N,) mean absolute coordinate error per face (evaluate.mae per face); NaN when unpredicted."""
+    """(N,) mean absolute coordinate error per face (`mae` per face); NaN when unpredicted."""
     return np.abs(np.asarray(pred, np.float64) - np.asarray(truth, np.float64)).mean(axis=(1, 2))

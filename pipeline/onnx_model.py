@@ -107,7 +107,7 @@ def export_meta(ckpt: dict[str, Any], onnx_data: bytes, source: str | os.PathLik
         "outputs": outputs,
         "crop": {"size": crop_size, "expand": expand, "label_origin": checkpoint_label_origin(ckpt),
                  "how": "square crop of side expand * max(box w, h) about the box centre, resampled to "
-                        "size x size (pipeline.crop.crop_transform / crop_one), then resized size -> "
+                        "size x size (pipeline.geometry.crop_transform / crop_one), then resized size -> "
                         "input size with antialiased bilinear (align_corners=False); back to crop px: "
                         "x_crop = (x + 0.5) * size / input_size - 0.5; through the crop transform to "
                         "photo px, then + label_origin (the labels' pixel-centre origin)"},

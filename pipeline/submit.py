@@ -13,7 +13,7 @@ from typing import Sequence
 import click
 import numpy as np
 
-from pipeline.cache import read_info, read_meta
+from pipeline.cache import face_count, split_schema
 from pipeline.config import config_options, params_source
 from pipeline.errors import PipelineError
 from pipeline.predictions import read_predictions
@@ -35,9 +35,8 @@ def run_submit(predictions_path: str | os.PathLike, cache: str | os.PathLike, ou
     fixes how many faces and keypoints it must hold."""
     coords = read_predictions(predictions_path, ("ensemble",))["ensemble"]
     test_split = Path(cache) / "test"
-    n_faces = len(read_meta(test_split, columns=())) if (test_split / "meta.csv").exists() else None
-    k = read_info(test_split)[1].k if (test_split / "info.json").exists() else None
-    return _write(coords, predictions_path, out, n_faces, k)
+    schema = split_schema(test_split)
+    return _write(coords, predictions_path, out, face_count(test_split), None if schema is None else schema.k)
 
 
 def run_submit_xml(cfg: dict, xml_path: str | os.PathLike, checkpoints: Sequence[str], out: Path) -> np.ndarray:

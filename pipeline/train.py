@@ -67,15 +67,18 @@ class NonFiniteLoss(PipelineError):
 
 def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState, device, amp,
                     grad_clip: float = 0.0, desc: str = "train", progress: bool = True,
-                    read_every: int = 10) -> dict[str, float]:
+                    read_every: int | None = None) -> dict[str, float]:
     """One pass over `loader` (a DeviceLoader, or anything iterable with len() and
     `wait_s`). `progress` False hides the bar (DDP ranks other than 0).
 
     The step losses stay on the device and are read every `read_every` steps and at the
-    end of the epoch (each read waits for the device; a read per step would stall the
-    CUDA queue every step). A non-finite loss stops training at the next read, naming the
-    step where it appeared; the caller has not yet checkpointed this epoch, so the last
-    good checkpoint is kept."""
+    end of the epoch: by default every 10 steps on CUDA (each read waits for the device; a
+    read per step would stall the CUDA queue every step) and every step elsewhere, where a
+    read costs nothing, so no step runs after a non-finite loss. A non-finite loss stops
+    training at the next read, naming the step where it appeared; the caller has not yet
+    checkpointed this epoch, so the last good checkpoint is kept."""
+    if read_every is None:
+        read_every = 10 if torch.device(device).type == "cuda" else 1
     from tqdm import tqdm
 
     from pipeline.device import autocast
@@ -98,6 +101,11 @@ def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState,
                 else:
                     pred, probs = model(images), None  # (B, K, 2) input px
             loss, _ = loss_fn(pred.float(), target, probs, tuple(images.shape[-2:]))
+            seen += images.shape[0]
+            running.add(loss, images.shape[0])
+            if running.pending() >= read_every:  # before backward: read each step, no step runs on a NaN
+                running.read()
+                bar.set_postfix(loss=f"{running.mean():.3f}", ips=f"{seen / (time.perf_counter() - t0):.1f}")
             optimizer.zero_grad(set_to_none=True)
             if scaler is not None:
                 scaler.scale(loss).backward()
@@ -113,11 +121,6 @@ def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState,
                 optimizer.step()
             state.step += 1
             maybe_kill(state.step)  # tests only: PIPELINE_KILL_AT_STEP (pipeline/faults.py)
-            seen += images.shape[0]
-            running.add(loss, images.shape[0])
-            if running.pending() >= read_every:
-                running.read()
-                bar.set_postfix(loss=f"{running.mean():.3f}", ips=f"{seen / (time.perf_counter() - t0):.1f}")
         running.read()
     finally:
         close = getattr(batches, "close", None)

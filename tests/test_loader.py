@@ -112,6 +112,28 @@ def test_an_error_in_the_training_loop_stops_the_producer():
     assert len(ds.calls) < len(ds)  # stopped at the first read (step 10), not at the epoch's end
 
 
+def test_on_the_cpu_no_optimizer_step_runs_on_a_non_finite_loss():
+    """The default read interval off CUDA is every step, before backward: the weights
+    stay those of the last finite step, as with a per-step check."""
+    from pipeline.train import NonFiniteLoss, StepState, train_one_epoch
+
+    model = _Tiny()
+    state = StepState(0, 100, 0, 0.1)
+    snapshot = {}
+
+    class Watch(_LossNaNAt):
+        def __call__(self, pred, target, probs, input_hw):
+            if state.step == 4:  # the weights after 4 good steps
+                snapshot.update({k: v.clone() for k, v in model.state_dict().items()})
+            return super().__call__(pred, target, probs, input_hw)
+
+    with pytest.raises(NonFiniteLoss, match="at step 4"):
+        train_one_epoch(model, _loader(Faces(20)), Watch(step=4), torch.optim.SGD(model.parameters(), lr=0.1),
+                        None, state, torch.device("cpu"), None, progress=False)
+    assert state.step == 4
+    assert all(torch.equal(v, snapshot[k]) for k, v in model.state_dict().items())
+
+
 def test_non_finite_loss_is_found_at_the_epoch_end_read():
     from pipeline.train import NonFiniteLoss, StepState, train_one_epoch
 
