@@ -25,6 +25,14 @@ from pipeline.schema import KeypointSchema, schema_from_dict
 
 DEMO_DIR = "data/demo"  # where `pipeline demo-data` writes; crop reads it when data.dir is null
 CACHE_MARKER = "info.json"  # written last: a folder holding it is a complete cache split
+
+
+def dataset_root(data_cfg: dict, override: str | os.PathLike | None = None) -> Path:
+    """The dataset folder: `override` (a command's --data-dir), else data.dir, else the
+    demo set."""
+    return Path(override or data_cfg["dir"] or DEMO_DIR)
+
+
 META_COLUMNS = ["index", "face_id", "group", "image", "box_left", "box_top", "box_width", "box_height",
                 "image_width", "image_height"]
 # meta.csv columns read as text: ids like "0001" and paths must not become numbers

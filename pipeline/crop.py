@@ -14,7 +14,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.cache import CACHE_MARKER, DEMO_DIR, is_cache_root, write_cache_split
+from pipeline.cache import CACHE_MARKER, dataset_root, is_cache_root, write_cache_split
 from pipeline.config import config_options, params_source
 from pipeline.dataset import load_xml
 from pipeline.errors import PipelineError
@@ -36,7 +36,7 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, 
                             f"{ccfg['side']} and {ccfg['expand']}")
     if ccfg["n_jobs"] == 0:
         raise PipelineError(params_source("crop.n_jobs"), "crop.n_jobs must be >= 1 (or negative: all cores but n+1)")
-    root = Path(dcfg["dir"] or DEMO_DIR)
+    root = dataset_root(dcfg)
     if not root.is_dir():
         hint = " (run `pipeline demo-data data/demo`, or set data.dir)" if dcfg["dir"] is None else ""
         raise PipelineError(root, "dataset folder not found" + hint)

@@ -18,7 +18,7 @@ from typing import Any, Sequence
 import click
 import numpy as np
 
-from pipeline.cache import face_count, read_array, split_schema
+from pipeline.cache import dataset_root, face_count, read_array, split_schema
 from pipeline.config import config_options
 from pipeline.errors import PipelineError
 from pipeline.foldsfile import read_folds
@@ -187,8 +187,7 @@ def uncalibrated_test_scores(test_npz: Path, solution: Path, eyes) -> dict[str, 
 
 def solution_path(data_cfg: dict) -> Path:
     """Where the test truth lives: data.dir/data.solution, or the demo set's solution."""
-    base = Path(data_cfg["dir"]) if data_cfg.get("dir") else Path("data/demo")
-    return base / data_cfg["solution"]
+    return dataset_root(data_cfg) / data_cfg["solution"]
 
 
 def _append_history(path: Path, entry: dict) -> None:
@@ -232,8 +231,9 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
         folds_fold = read_folds(folds_path)
         if len(folds_fold) != len(fold) or not np.array_equal(folds_fold, fold):
             raise PipelineError(oof_path, f"folds differ from {folds_path}; rerun `pipeline predict`")
-    oof = oof_metrics(z["tta"].astype(np.float64), z["plain"].astype(np.float64), fold, truth, eyes)
-    bias = oof_bias_report(z["tta"].astype(np.float64), truth, eyes, schema.names)
+    tta = z["tta"].astype(np.float64)  # (N, K, 2)
+    oof = oof_metrics(tta, z["plain"].astype(np.float64), fold, truth, eyes)
+    bias = oof_bias_report(tta, truth, eyes, schema.names)
 
     # test
     sol = solution_path(cfg["data"])

@@ -265,7 +265,7 @@ def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, 
                expand: float, data_dir: str | None, device) -> tuple[np.ndarray, np.ndarray, str]:
     """(face frame (size, size, 3) RGB, its keypoints (K, 2) frame px, description) for a
     photo path (largest detected face) or an index into the cache split (its photo and box)."""
-    from pipeline.cache import DEMO_DIR
+    from pipeline.cache import dataset_root
     from pipeline.geometry import crop_one, crop_transform, to_crop
     from pipeline.inference import predict_boxes
     from pipeline.photos import PhotoReader, cache_face, face_in_photo, is_index, meta_box
@@ -273,7 +273,7 @@ def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, 
     if is_index(source):
         cache, i = cache_face(cache_dir, split, int(source))
         row = cache.meta.iloc[i]
-        root = Path(data_dir or cfg["data"]["dir"] or DEMO_DIR)
+        root = dataset_root(cfg["data"], data_dir)
         image = PhotoReader(root, cache.info.get("xml", root))(row.image)
         box, what = np.array(meta_box(row)), f"{split} face {i}"
     else:

@@ -97,12 +97,12 @@ def worst_sheet(cache, pred: np.ndarray, photos: PhotoReader, n: int, tile: int)
 
 def run_show(cfg: dict, cache_dir: str, predictions: str, data_dir: str | None, out_dir: str, n: int,
              worst: int, tile: int) -> dict[str, Path]:
-    from pipeline.cache import DEMO_DIR, load_cache
+    from pipeline.cache import dataset_root, load_cache
     from pipeline.predictions import read_predictions
 
     if tile < 16:
         raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
-    root = Path(data_dir or cfg["data"]["dir"] or DEMO_DIR)
+    root = dataset_root(cfg["data"], data_dir)
     out = Path(out_dir)
     written: dict[str, Path] = {}
     if n > 0:
