@@ -9,27 +9,27 @@ import sys
 
 import click
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 # name -> "module:attribute" of a click.Command
 COMMANDS = {
-    "demo-data": "pipeline.demo:demo_data_cmd",
-    "crop": "pipeline.crop:crop_cmd",
-    "folds": "pipeline.folds:folds_cmd",
+    "demo-data": "pipeline.stages.demo:demo_data_cmd",
+    "crop": "pipeline.stages.crop:crop_cmd",
+    "folds": "pipeline.stages.folds:folds_cmd",
     "models": "pipeline.cli:models_cmd",
-    "train": "pipeline.train:train_cmd",
-    "predict": "pipeline.predict:predict_cmd",
-    "submit": "pipeline.submit:submit_cmd",
-    "score": "pipeline.evaluate:score_cmd",
-    "evaluate": "pipeline.evaluate:evaluate_cmd",
-    "leaderboard": "pipeline.evaluate:leaderboard_cmd",
-    "bench": "pipeline.bench:bench_cmd",
-    "export": "pipeline.export:export_cmd",
-    "show": "pipeline.viz:show_cmd",
-    "heatmaps": "pipeline.viz:heatmaps_cmd",
-    "filters": "pipeline.viz:filters_cmd",
-    "predict-image": "pipeline.detect:predict_image_cmd",
-    "morph": "pipeline.morph:morph_cmd",
+    "train": "pipeline.stages.train:train_cmd",
+    "predict": "pipeline.stages.predict:predict_cmd",
+    "submit": "pipeline.stages.submit:submit_cmd",
+    "score": "pipeline.stages.evaluate:score_cmd",
+    "evaluate": "pipeline.stages.evaluate:evaluate_cmd",
+    "leaderboard": "pipeline.stages.evaluate:leaderboard_cmd",
+    "bench": "pipeline.tools.bench:bench_cmd",
+    "export": "pipeline.tools.export:export_cmd",
+    "show": "pipeline.tools.viz:show_cmd",
+    "heatmaps": "pipeline.tools.viz:heatmaps_cmd",
+    "filters": "pipeline.tools.viz:filters_cmd",
+    "predict-image": "pipeline.tools.detect:predict_image_cmd",
+    "morph": "pipeline.tools.morph:morph_cmd",
 }
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.config import load_config
+from pipeline.core.config import load_config
 
 REPO = Path(__file__).resolve().parents[1]
 REAL = REPO.parent / "shared" / "data" / "ibug300w-mini"
@@ -26,7 +26,7 @@ def real_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory) -> Path:
-    from pipeline.demo import generate_demo
+    from pipeline.stages.demo import generate_demo
 
     return generate_demo(tmp_path_factory.mktemp("demo") / "demo", n_train=48, n_test=8, seed=3)
 
@@ -36,8 +36,8 @@ def tiny_workspace(tmp_path_factory, demo_dir) -> Path:
     """demo_dir cropped at 32 px into <ws>/cache and split into 2 folds at <ws>/folds.csv."""
     import pandas as pd
 
-    from pipeline.crop import run_crop
-    from pipeline.folds import make_folds
+    from pipeline.stages.crop import run_crop
+    from pipeline.stages.folds import make_folds
 
     ws = tmp_path_factory.mktemp("ws")
     cfg = load_config(None, [f"data.dir={demo_dir}", "crop.side=32", "crop.n_jobs=1"])
@@ -105,7 +105,7 @@ def make_dataset(tmp_path):
 @pytest.fixture
 def face_points():
     """A plausible (68, 2) face inside box (40, 40, 80, 90): the demo template, placed."""
-    from pipeline.demo import TEMPLATE
+    from pipeline.stages.demo import TEMPLATE
 
     pts = TEMPLATE[:, :2].copy()
     return (pts - pts.min(0)) / (pts.max(0) - pts.min(0)) * [80, 90] + [40, 40]

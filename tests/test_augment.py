@@ -16,11 +16,11 @@ import torch
 from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
-from pipeline.augment import (EvalTransform, GEOMETRIC_OPS, KeypointRandAugment, PHOTOMETRIC_OPS, RANDAUG_OPS,
+from pipeline.training.augment import (EvalTransform, GEOMETRIC_OPS, KeypointRandAugment, PHOTOMETRIC_OPS, RANDAUG_OPS,
                               TrainAugment, apply_op, op_matrix, photometric, randaug_magnitudes, resize_matrix,
                               scale_matrix)
-from pipeline.geometry import crop_to_input, input_to_crop
-from pipeline.schema import IBUG68, KeypointSchema
+from pipeline.keypoints.geometry import crop_to_input, input_to_crop
+from pipeline.keypoints.schema import IBUG68, KeypointSchema
 
 SEEDS = range(30)
 PEAK = 190  # below Solarize's threshold at m = 7 (255 * 23 / 30 = 195.5), so dots stay bright
@@ -411,7 +411,7 @@ def test_zero_ops_and_validation():
 
 
 def test_from_config_uses_train_section():
-    from pipeline.config import DEFAULTS
+    from pipeline.core.config import DEFAULTS
     cfg = {"model": dict(DEFAULTS["model"], input_size=64), "train": dict(DEFAULTS["train"], randaug_n=1, flip=0.0)}
     aug = TrainAugment.from_config(IBUG68, 96, cfg)
     assert aug.input_size == 64 and aug.randaug.num_ops == 1 and aug.flip_p == 0.0

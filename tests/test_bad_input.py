@@ -371,7 +371,7 @@ def checkpoint_wrong_weights(tmp, tiny_workspace, nose1_checkpoint):
     import torch
 
     ck = torch.load(nose1_checkpoint, weights_only=True)
-    from pipeline.schema import IBUG68
+    from pipeline.keypoints.schema import IBUG68
 
     ck["schema"] = IBUG68.to_dict()
     ck["model_config"] = {**ck["model_config"], "num_keypoints": 68}
@@ -547,7 +547,7 @@ def _ibug68_checkpoint(path: Path, side: int, expand: float) -> Path:
     import torch
 
     from pipeline.models import create_model
-    from pipeline.schema import IBUG68
+    from pipeline.keypoints.schema import IBUG68
 
     model = create_model("resunet-tiny", 68, in_chans=3, input_size=32)
     torch.save({"model_config": model.config, "model": model.state_dict(), "schema": IBUG68.to_dict(),
@@ -625,9 +625,9 @@ CASES = {f.__name__: f for f in (
 @pytest.fixture(scope="session")
 def nose1_checkpoint(tmp_path_factory, demo_dir, tiny_workspace) -> Path:
     """A real checkpoint trained 1 epoch with data.schema=nose1 on the demo faces."""
-    from pipeline.config import load_config
-    from pipeline.crop import run_crop
-    from pipeline.train import fit
+    from pipeline.core.config import load_config
+    from pipeline.stages.crop import run_crop
+    from pipeline.stages.train import fit
 
     ws = tmp_path_factory.mktemp("nose1")
     cfg = load_config(None, [f"data.dir={demo_dir}", "data.schema=nose1", "crop.side=32", "crop.n_jobs=1",

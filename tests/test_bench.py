@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.bench import box_normalised, mean_shape_baseline, place_in_boxes, run_bench
-from pipeline.config import load_config
+from pipeline.tools.bench import box_normalised, mean_shape_baseline, place_in_boxes, run_bench
+from pipeline.core.config import load_config
 
 TRAIN_KEYS = {"images_per_s_real", "images_per_s_synthetic", "ratio_real_synthetic", "train_flops_per_image",
               "compute_efficiency_synthetic", "compute_efficiency_real"}
@@ -25,9 +25,9 @@ def _positive(x) -> bool:
 @pytest.fixture(scope="module")
 def tiny_checkpoint(tmp_path_factory):
     """An untrained resunet-tiny checkpoint at 32 px (the accuracy path only needs weights)."""
-    from pipeline.checkpoint import save_checkpoint
+    from pipeline.formats.checkpoint import save_checkpoint
     from pipeline.models import create_model
-    from pipeline.schema import IBUG68
+    from pipeline.keypoints.schema import IBUG68
 
     torch.manual_seed(0)
     model = create_model("resunet-tiny", 68, input_size=32)
@@ -85,7 +85,7 @@ def test_bench_tiny_has_every_figure(tmp_path, demo_dir, tiny_checkpoint, monkey
 def test_bench_without_data_skips_accuracy(tmp_path, monkeypatch):
     # no --data and no ../shared beside the cwd: accuracy is skipped, the rest still runs
     # (the training cache is built from demo data in a temp folder)
-    import pipeline.bench as bench
+    import pipeline.tools.bench as bench
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(bench, "resolve_data_dir", lambda data: None)
@@ -107,15 +107,15 @@ def test_mean_shape_baseline_is_exact_on_mean_faces():
     test_boxes = boxes[:7] * 1.5 + 3
     pred = mean_shape_baseline(kp, boxes, test_boxes)
     truth = place_in_boxes(shape, test_boxes)
-    from pipeline.metrics import mae
+    from pipeline.keypoints.metrics import mae
 
     assert mae(pred, truth) < 1e-9
 
 
 def test_bench_train_runs_a_regression_preset_with_the_default_regulariser(tiny_workspace):
     # the heatmap regulariser is on by default; a model without soft-argmax maps trains without it
-    from pipeline.bench import bench_train
-    from pipeline.config import load_config
+    from pipeline.tools.bench import bench_train
+    from pipeline.core.config import load_config
 
     cfg = load_config(None, [])
     assert cfg["train"]["heatmap_lambda"] > 0

@@ -4,7 +4,7 @@ and the predict/evaluate wiring."""
 import numpy as np
 import pytest
 
-from pipeline.calibrate import keypoint_bias, leave_one_out_calibrated, should_calibrate
+from pipeline.keypoints.calibrate import keypoint_bias, leave_one_out_calibrated, should_calibrate
 
 
 def _faces(n=40, k=5, seed=0):

@@ -3,8 +3,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from pipeline.config import DEFAULTS, load_config, parse_override, write_resolved
-from pipeline.errors import PipelineError
+from pipeline.core.config import DEFAULTS, load_config, parse_override, write_resolved
+from pipeline.core.errors import PipelineError
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -138,7 +138,7 @@ def test_switches_accept_what_users_type(tmp_path, typed, want):
 def test_amp_on_means_enabled_where_it_can_run():
     import torch
 
-    from pipeline.device import amp_dtype, use_channels_last
+    from pipeline.core.device import amp_dtype, use_channels_last
 
     assert amp_dtype("on", torch.device("cpu")) == torch.bfloat16
     assert amp_dtype("off", torch.device("cpu")) is None and amp_dtype("auto", torch.device("cpu")) is None
@@ -148,7 +148,7 @@ def test_amp_on_means_enabled_where_it_can_run():
 def test_no_param_named_size_or_nfiles():
     """DVC's run cache drops params named `size` or `nfiles` at any depth from its key
     (treeverse/dvc#10296): a change of one would re-use a stale result."""
-    from pipeline.config import DEFAULTS_FLAT
+    from pipeline.core.config import DEFAULTS_FLAT
 
     bad = [k for k in DEFAULTS_FLAT if k.split(".")[-1] in ("size", "nfiles")]
     assert not bad
@@ -164,7 +164,7 @@ def test_no_param_named_size_or_nfiles():
 def test_late_param_errors_name_the_set_or_the_file_read(tmp_path):
     """A param found bad after loading (unknown schema) is blamed on the --set that gave
     it, else on the params file actually read."""
-    from pipeline.schema import get_schema
+    from pipeline.keypoints.schema import get_schema
 
     cfg = load_config(None, ["train.lr=0.1", "data.schema=nosuch"])
     with pytest.raises(PipelineError, match=r"^--set data.schema=nosuch: data.schema: unknown schema"):
@@ -178,7 +178,7 @@ def test_late_param_errors_name_the_set_or_the_file_read(tmp_path):
 
 def test_every_auto_on_off_param_is_a_switch(monkeypatch):
     """A new switch (a string param defaulting to auto/on/off) accepts on/off too."""
-    import pipeline.config as config
+    import pipeline.core.config as config
 
     monkeypatch.setitem(config.DEFAULTS_FLAT, "predict.newswitch", "off")
     monkeypatch.setitem(config.DEFAULTS["predict"], "newswitch", "off")

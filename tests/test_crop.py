@@ -6,14 +6,15 @@ import json
 import numpy as np
 import pytest
 
-from pipeline.cache import load_cache
+from pipeline.formats.cache import load_cache
 from pipeline.cli import main
-from pipeline.config import load_config
-from pipeline.crop import run_crop
-from pipeline.dataset import Face, load_xml
-from pipeline.errors import PipelineError
-from pipeline.geometry import crop_faces, crop_one, crop_transform, to_crop, to_original
-from pipeline.schema import IBUG68
+from pipeline.core.config import load_config
+from pipeline.stages.crop import run_crop
+from pipeline.formats.annotations import Face, load_xml
+from pipeline.core.errors import PipelineError
+from pipeline.keypoints.geometry import crop_one, crop_transform, to_crop, to_original
+from pipeline.formats.annotations import crop_faces
+from pipeline.keypoints.schema import IBUG68
 
 META = ["index", "face_id", "group", "image", "box_left", "box_top", "box_width", "box_height",
         "image_width", "image_height"]

@@ -11,9 +11,9 @@ import numpy as np
 import pytest
 
 from pipeline.cli import main
-from pipeline.dataset import load_pts_dir, load_xml, photo_group, read_image
-from pipeline.errors import PipelineError
-from pipeline.schema import IBUG68, NOSE1
+from pipeline.formats.annotations import load_pts_dir, load_xml, photo_group, read_image
+from pipeline.core.errors import PipelineError
+from pipeline.keypoints.schema import IBUG68, NOSE1
 
 TRAIN = "labels_ibug_300W_train.xml"
 TEST = "labels_ibug_300W_test_parsed.xml"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from pipeline.checkpoint import load_checkpoint
+from pipeline.formats.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 TORCHRUN = Path(sys.executable).with_name("torchrun")
@@ -66,9 +66,9 @@ def test_torchrun_two_cpu_processes(tiny_workspace, tmp_path):
 def test_batch_not_divisible_by_ranks_is_an_error(tiny_workspace, tmp_path, monkeypatch):
     """train.batch_size must split evenly across the ranks (checked before anything is
     written; as 2 real ranks would see it, without paying for a torchrun start)."""
-    import pipeline.train as train
-    from pipeline.config import load_config
-    from pipeline.errors import PipelineError
+    import pipeline.stages.train as train
+    from pipeline.core.config import load_config
+    from pipeline.core.errors import PipelineError
 
     monkeypatch.setattr(train, "init_distributed", lambda device: (0, 2, "cpu"))
     ws = tiny_workspace
@@ -81,7 +81,7 @@ def test_batch_not_divisible_by_ranks_is_an_error(tiny_workspace, tmp_path, monk
 def test_epoch_sampler_shards_cover_the_epoch():
     """Each rank takes every world-th index of one permutation: together the ranks see each
     face once (padded to equal lengths), and the shards do not depend on the rank count's order."""
-    from pipeline.data import EpochSampler
+    from pipeline.training.loader import EpochSampler
 
     n, world = 23, 2
     shards = []

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from pipeline.cli import main
-from pipeline.dataset import load_xml, read_image
-from pipeline.demo import MARKER, TEMPLATE, generate_demo
-from pipeline.schema import IBUG68
+from pipeline.formats.annotations import load_xml, read_image
+from pipeline.stages.demo import MARKER, TEMPLATE, generate_demo
+from pipeline.keypoints.schema import IBUG68
 
 TRAIN = "labels_ibug_300W_train.xml"
 TEST = "labels_ibug_300W_test_parsed.xml"

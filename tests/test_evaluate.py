@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from pipeline.evaluate import experiment_table, format_table, parse_dvc_exp_show, read_history
-from pipeline.metrics import mae, nme
-from pipeline.schema import IBUG68
-from pipeline.submission import write_submission
+from pipeline.stages.evaluate import experiment_table, format_table, parse_dvc_exp_show, read_history
+from pipeline.keypoints.metrics import mae, nme
+from pipeline.keypoints.schema import IBUG68
+from pipeline.formats.submission import write_submission
 
 
 def write_csv(path, values, header="Id,Predicted"):
@@ -297,7 +297,7 @@ def test_parse_dvc_exp_show_and_table():
 
 
 def test_leaderboard_dvc_missing_is_skipped(tmp_path, monkeypatch, capsys):
-    import pipeline.evaluate as ev
+    import pipeline.stages.evaluate as ev
 
     monkeypatch.chdir(tmp_path)
 

@@ -10,12 +10,12 @@ import pytest
 import torch
 
 from conftest import run
-from pipeline.checkpoint import checkpoint_crop, load_model
-from pipeline.config import load_config
-from pipeline.errors import PipelineError
-from pipeline.inference import predict_crops
-from pipeline.schema import IBUG68
-from pipeline.train import fit
+from pipeline.formats.checkpoint import checkpoint_crop, load_model
+from pipeline.core.config import load_config
+from pipeline.core.errors import PipelineError
+from pipeline.inference.tta import predict_crops
+from pipeline.keypoints.schema import IBUG68
+from pipeline.stages.train import fit
 
 ort = pytest.importorskip("onnxruntime", reason="onnx backend tests need onnxruntime (pip install '.[onnx]')")
 
@@ -69,9 +69,9 @@ def test_export_writes_onnx_and_json(exported, trained):
 
 @pytest.mark.parametrize("source", ["cache", "demo"])
 def test_torch_and_onnxruntime_agree_on_demo_crops(exported, trained, tiny_workspace, source):
-    from pipeline.backend import load_predictor
-    from pipeline.cache import load_cache
-    from pipeline.export import demo_crops
+    from pipeline.inference.predictor import load_predictor
+    from pipeline.formats.cache import load_cache
+    from pipeline.tools.export import demo_crops
 
     model, ckpt = load_model(trained, "cpu")  # the plain (unfused) torch model is the reference
     faces = np.array(load_cache(tiny_workspace / "cache" / "test").faces) if source == "cache" else demo_crops(32)
@@ -88,7 +88,7 @@ def test_torch_and_onnxruntime_agree_on_demo_crops(exported, trained, tiny_works
 
 
 def test_fused_batchnorm_matches_the_model():
-    from pipeline.backend import fuse_batchnorm
+    from pipeline.inference.predictor import fuse_batchnorm
     from pipeline.models import create_model
 
     torch.manual_seed(0)
@@ -121,11 +121,11 @@ def test_predict_cli_onnx_backend_agrees_with_torch(trained, tiny_workspace, tmp
 
 def test_predict_image_uses_the_checkpoint_crop_and_runs_from_onnx(trained, exported, tiny_workspace, demo_dir,
                                                                   tmp_path, monkeypatch):
-    import pipeline.detect as detect
-    from pipeline.cache import load_cache
-    from pipeline.dataset import read_image
-    from pipeline.geometry import crop_one, crop_transform
-    from pipeline.inference import predict_original
+    import pipeline.tools.detect as detect
+    from pipeline.formats.cache import load_cache
+    from pipeline.formats.annotations import read_image
+    from pipeline.keypoints.geometry import crop_one, crop_transform
+    from pipeline.inference.tta import predict_original
 
     meta = load_cache(tiny_workspace / "cache" / "test").meta
     row = meta.iloc[0]
@@ -157,14 +157,14 @@ def test_heatmaps_and_morph_crop_photos_with_the_checkpoint_geometry(trained, ti
                                                                    monkeypatch):
     """A photo given to `heatmaps` or `morph` is cropped at the checkpoint's stamped geometry
     (32 px, expand 1.25), not at the params it was trained with (48 px, 1.6)."""
-    import pipeline.facedet as facedet
-    from pipeline.backend import load_models
-    from pipeline.cache import load_cache
-    from pipeline.dataset import read_image
-    from pipeline.geometry import crop_one, crop_transform, to_crop
-    from pipeline.inference import predict_boxes, predict_original
-    from pipeline.morph import morph_face
-    from pipeline.viz import face_from_source
+    import pipeline.detection.detectors as facedet
+    from pipeline.inference.predictor import load_models
+    from pipeline.formats.cache import load_cache
+    from pipeline.formats.annotations import read_image
+    from pipeline.keypoints.geometry import crop_one, crop_transform, to_crop
+    from pipeline.inference.tta import predict_boxes, predict_original
+    from pipeline.tools.morph import morph_face
+    from pipeline.tools.viz import face_from_source
 
     row = load_cache(tiny_workspace / "cache" / "test").meta.iloc[0]
     photo = demo_dir / row.image
@@ -235,7 +235,7 @@ def test_matmul_resize_is_the_antialiased_interpolate(src, dst):
     # the filter the models were validated with
     import torch.nn.functional as F
 
-    from pipeline.preprocess import resize_batch
+    from pipeline.keypoints.preprocess import resize_batch
 
     x = torch.rand(2, 3, src, src, generator=torch.Generator().manual_seed(0)) * 4 - 2
     ref = F.interpolate(x, size=(dst, dst), mode="bilinear", align_corners=False, antialias=True)
@@ -244,8 +244,8 @@ def test_matmul_resize_is_the_antialiased_interpolate(src, dst):
 
 
 def test_int8_export_is_close_to_fp32(trained, tiny_workspace, tmp_path):
-    from pipeline.backend import load_predictor
-    from pipeline.cache import load_cache
+    from pipeline.inference.predictor import load_predictor
+    from pipeline.formats.cache import load_cache
 
     out = tmp_path / "q.onnx"
     assert run(["export", trained, "--out", out, "--int8", "--calibration", tiny_workspace / "cache" / "train"]) == 0
@@ -266,9 +266,9 @@ def test_int8_export_is_close_to_fp32(trained, tiny_workspace, tmp_path):
 
 @pytest.mark.realdata
 def test_torch_and_onnxruntime_agree_on_the_shared_test_crops(exported, trained, real_dir):
-    from pipeline.backend import load_predictor
-    from pipeline.dataset import load_xml
-    from pipeline.geometry import crop_faces
+    from pipeline.inference.predictor import load_predictor
+    from pipeline.formats.annotations import load_xml
+    from pipeline.formats.annotations import crop_faces
 
     xml = real_dir / "labels_ibug_300W_test_parsed.xml"
     faces = load_xml(xml, IBUG68, require_parts=False)
@@ -284,19 +284,19 @@ def test_onnx_backend_uses_the_exported_twin_only_when_it_matches(trained, tmp_p
     import logging
     import shutil
 
-    from pipeline.backend import load_predictor
+    from pipeline.inference.predictor import load_predictor
 
     pt = tmp_path / "best.pt"
     shutil.copy(trained, pt)
     assert run(["export", pt, "--no-verify"]) == 0  # -> best.onnx + best.json beside it
     assert (tmp_path / "best.onnx").is_file() and (tmp_path / "best.json").is_file()
-    with caplog.at_level(logging.INFO, logger="pipeline.backend"):
+    with caplog.at_level(logging.INFO, logger="pipeline.inference.predictor"):
         load_predictor(pt, "onnx")
     assert "exported from best.pt" in caplog.text
     caplog.clear()
     ckpt = torch.load(pt, weights_only=True)
     ckpt["epoch"] += 1  # another checkpoint under the same name: the twin is stale
     torch.save(ckpt, pt)
-    with caplog.at_level(logging.INFO, logger="pipeline.backend"):
+    with caplog.at_level(logging.INFO, logger="pipeline.inference.predictor"):
         model, meta = load_predictor(pt, "onnx")
     assert "exported from another checkpoint" in caplog.text and meta["epoch"] == ckpt["epoch"]

@@ -4,8 +4,8 @@
 import numpy as np
 import pytest
 
-import pipeline.facedet as facedet
-from pipeline.errors import PipelineError
+import pipeline.detection.detectors as facedet
+from pipeline.core.errors import PipelineError
 
 
 def test_auto_takes_the_first_installed(monkeypatch):

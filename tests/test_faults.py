@@ -2,7 +2,7 @@
 `pipeline train --resume` continues from the last complete epoch to the same result as a
 run that was never interrupted.
 
-Temp files: every output is written to `.<name>.<random>.tmp` and renamed (pipeline/io.py),
+Temp files: every output is written to `.<name>.<random>.tmp` and renamed (pipeline/core/io.py),
 so a kill mid-write can leave such a temp file behind, never half an output. The next
 `pipeline train` of that fold deletes the stale temps of its own outputs in its folder
 (`remove_stale_temps`) before it writes anything."""
@@ -21,7 +21,7 @@ import pytest
 import torch
 import yaml
 
-from pipeline.checkpoint import load_checkpoint
+from pipeline.formats.checkpoint import load_checkpoint
 
 REPO = Path(__file__).resolve().parents[1]
 EPOCHS = 5
@@ -76,7 +76,7 @@ def test_kill_mid_epoch_then_resume(tiny_workspace, tmp_path):
 
     import pandas as pd
 
-    from pipeline.faults import KILL_AT_STEP
+    from pipeline.core.faults import KILL_AT_STEP
 
     ws = tiny_workspace
     out, live = tmp_path / "models", tmp_path / "live"
@@ -120,8 +120,8 @@ def test_kill_mid_epoch_then_resume(tiny_workspace, tmp_path):
 
     # bit for bit the run that was never interrupted (in this process, on one thread as
     # the subprocesses were)
-    from pipeline.config import load_config
-    from pipeline.train import fit
+    from pipeline.core.config import load_config
+    from pipeline.stages.train import fit
 
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -138,7 +138,7 @@ def test_kill_mid_epoch_then_resume(tiny_workspace, tmp_path):
 
 def test_stale_temps_of_other_names_are_kept(tmp_path):
     """remove_stale_temps deletes only the temps of the names it is given."""
-    from pipeline.io import remove_stale_temps
+    from pipeline.core.io import remove_stale_temps
 
     (tmp_path / ".last.pt.abc.tmp").write_bytes(b"x")
     (tmp_path / ".other.csv.abc.tmp").write_bytes(b"x")
@@ -152,7 +152,7 @@ def test_stale_temps_of_other_names_are_kept(tmp_path):
 def test_atomic_write_interrupted_keeps_old_file(tmp_path, when):
     """An exception while writing (the in-process analogue of a kill) keeps the previous
     file byte for byte and removes the temp."""
-    from pipeline.io import atomic_path, torch_save
+    from pipeline.core.io import atomic_path, torch_save
 
     target = tmp_path / "last.pt"
     torch_save(target, {"epoch": 1})
@@ -176,7 +176,7 @@ def test_crop_killed_between_splits_keeps_the_old_cache(demo_dir, tiny_workspace
     and writes both splits of one new run."""
     import json
 
-    from pipeline.faults import KILL_AT
+    from pipeline.core.faults import KILL_AT
 
     cache = tmp_path / "cache"
     shutil.copytree(tiny_workspace / "cache", cache)
@@ -201,7 +201,7 @@ def test_crop_full_disk_keeps_the_old_cache(demo_dir, tiny_workspace, tmp_path, 
     unchanged, no temp folder."""
     import errno
 
-    import pipeline.cache as cache_format
+    import pipeline.formats.cache as cache_format
     from pipeline.cli import main
 
     cache = tmp_path / "cache"

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.flip import flip_images, unflip_coords
+from pipeline.keypoints.flip import flip_images, unflip_coords
 from pipeline.models import soft_argmax
-from pipeline.schema import IBUG68, KeypointSchema, NOSE1
+from pipeline.keypoints.schema import IBUG68, KeypointSchema, NOSE1
 
 GRID9 = KeypointSchema("grid9", tuple(f"p{i}" for i in range(9)), (2, 1, 0, 5, 4, 3, 8, 7, 6))
 

@@ -7,9 +7,9 @@ import pandas as pd
 import pytest
 
 from pipeline.cli import main
-from pipeline.dataset import photo_group
-from pipeline.errors import PipelineError
-from pipeline.folds import make_folds
+from pipeline.formats.annotations import photo_group
+from pipeline.core.errors import PipelineError
+from pipeline.stages.folds import make_folds
 
 
 def _groups(seed=0, n_photos=60):
@@ -81,11 +81,11 @@ def test_real_layout_folds_keep_photos_and_mirrors_together(tmp_path):
     import json
     import re
 
-    from pipeline.config import DEFAULTS
-    from pipeline.dataset import load_xml
-    from pipeline.demo import generate_demo
-    from pipeline.folds import group_faces
-    from pipeline.schema import IBUG68
+    from pipeline.core.config import DEFAULTS
+    from pipeline.formats.annotations import load_xml
+    from pipeline.stages.demo import generate_demo
+    from pipeline.stages.folds import group_faces
+    from pipeline.keypoints.schema import IBUG68
 
     ds = generate_demo(tmp_path / "d", n_train=240, n_test=4, seed=2, layout="300w")
     truth = json.loads((ds / "demo.json").read_text())["photos"]  # image -> photo it shows
@@ -105,8 +105,8 @@ def test_real_layout_folds_keep_photos_and_mirrors_together(tmp_path):
         sizes = np.bincount(fold, minlength=k)
         assert sizes.max() - sizes.min() <= 4  # within the biggest photo (2 faces + 2 mirrors)
     # the same through the stages: crop, then `pipeline folds` with the params' rule
-    from pipeline.config import load_config
-    from pipeline.crop import run_crop
+    from pipeline.core.config import load_config
+    from pipeline.stages.crop import run_crop
 
     run_crop(load_config(None, [f"data.dir={ds}", "crop.side=8", "crop.n_jobs=1"]), tmp_path / "c")
     out = tmp_path / "f" / "folds.csv"
@@ -129,8 +129,8 @@ def test_cli_logs_groups_and_uses_group_regex(demo_dir, tmp_path, caplog):
     logs the number of groups and the largest; a rule lumping everything is refused."""
     import logging
 
-    from pipeline.config import load_config
-    from pipeline.crop import run_crop
+    from pipeline.core.config import load_config
+    from pipeline.stages.crop import run_crop
 
     run_crop(load_config(None, [f"data.dir={demo_dir}", "crop.side=16", "crop.n_jobs=1"]), tmp_path / "c")
     out = tmp_path / "f" / "folds.csv"
@@ -158,8 +158,8 @@ def test_bad_k(k):
 
 
 def test_real_groups(real_dir):
-    from pipeline.dataset import load_xml
-    from pipeline.schema import IBUG68
+    from pipeline.formats.annotations import load_xml
+    from pipeline.keypoints.schema import IBUG68
 
     groups = [f.group for f in load_xml(real_dir / "labels_ibug_300W_train.xml", IBUG68)]
     fold = make_folds(groups, 5, 0)
@@ -169,8 +169,8 @@ def test_real_groups(real_dir):
 
 
 def test_cli(demo_dir, tmp_path, capsys):
-    from pipeline.config import load_config
-    from pipeline.crop import run_crop
+    from pipeline.core.config import load_config
+    from pipeline.stages.crop import run_crop
 
     run_crop(load_config(None, [f"data.dir={demo_dir}", "crop.side=16", "crop.n_jobs=1"]), tmp_path / "c")
     out = tmp_path / "f" / "folds.csv"

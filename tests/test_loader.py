@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.utils.data import Dataset
 
-from pipeline import data
-from pipeline.data import DeviceLoader, EpochSampler, make_loader, normalize_batch
+from pipeline.training import loader as data
+from pipeline.training.loader import DeviceLoader, EpochSampler, make_loader, normalize_batch
 
 DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
 
@@ -101,7 +101,7 @@ def test_leaving_the_loop_early_stops_the_producer():
 
 
 def test_an_error_in_the_training_loop_stops_the_producer():
-    from pipeline.train import NonFiniteLoss, StepState, train_one_epoch
+    from pipeline.stages.train import NonFiniteLoss, StepState, train_one_epoch
 
     ds = Faces(60)
     model, loss_fn = _Tiny(), _LossNaNAt(step=4)
@@ -115,7 +115,7 @@ def test_an_error_in_the_training_loop_stops_the_producer():
 def test_on_the_cpu_no_optimizer_step_runs_on_a_non_finite_loss():
     """The default read interval off CUDA is every step, before backward: the weights
     stay those of the last finite step, as with a per-step check."""
-    from pipeline.train import NonFiniteLoss, StepState, train_one_epoch
+    from pipeline.stages.train import NonFiniteLoss, StepState, train_one_epoch
 
     model = _Tiny()
     state = StepState(0, 100, 0, 0.1)
@@ -135,7 +135,7 @@ def test_on_the_cpu_no_optimizer_step_runs_on_a_non_finite_loss():
 
 
 def test_non_finite_loss_is_found_at_the_epoch_end_read():
-    from pipeline.train import NonFiniteLoss, StepState, train_one_epoch
+    from pipeline.stages.train import NonFiniteLoss, StepState, train_one_epoch
 
     model = _Tiny()
     with pytest.raises(NonFiniteLoss, match="at step 12"):  # the 3rd of 5 steps, 10 taken before
@@ -145,7 +145,7 @@ def test_non_finite_loss_is_found_at_the_epoch_end_read():
 
 
 def test_epoch_loss_does_not_depend_on_how_often_it_is_read():
-    from pipeline.train import StepState, train_one_epoch
+    from pipeline.stages.train import StepState, train_one_epoch
 
     results = []
     for every in (1, 4, 100):
@@ -159,7 +159,7 @@ def test_epoch_loss_does_not_depend_on_how_often_it_is_read():
 
 
 class _FakeClock:
-    """Stands in for time.perf_counter in pipeline.data. The consumer reads it twice per
+    """Stands in for time.perf_counter in pipeline.training.loader. The consumer reads it twice per
     batch (before and after getting it); `waiting[k]` is set when the consumer has read it
     before batch k, i.e. when it has started waiting for batch k."""
 

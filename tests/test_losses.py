@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 import torch
 
-from pipeline.errors import PipelineError
-from pipeline.losses import LOSS_KINDS, build_loss, keypoint_loss, neighbour_offsets, structure_loss
-from pipeline.schema import IBUG68, NOSE1
+from pipeline.core.errors import PipelineError
+from pipeline.training.losses import LOSS_KINDS, build_loss, keypoint_loss, neighbour_offsets, structure_loss
+from pipeline.keypoints.schema import IBUG68, NOSE1
 
 # B = 2, K = 2: errors (0, 0), (3, 4) in the first face, (6, 8), (0, 0) in the second
 TARGET = torch.tensor([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]])
@@ -133,7 +133,7 @@ def test_bad_arguments():
 # ------------------------------------------------------------------ heatmap regulariser
 
 def test_gaussian_maps_are_normalised_and_centred_on_the_soft_argmax_grid():
-    from pipeline.losses import gaussian_maps
+    from pipeline.training.losses import gaussian_maps
     from pipeline.models.head import soft_argmax
 
     target = torch.tensor([[[30.0, 21.5], [40.25, 33.0], [-60.0, 10.0]]])  # (1, 3, 2) input px
@@ -146,7 +146,7 @@ def test_gaussian_maps_are_normalised_and_centred_on_the_soft_argmax_grid():
 
 
 def test_js_divergence_is_zero_for_equal_maps_and_at_most_ln2():
-    from pipeline.losses import js_divergence
+    from pipeline.training.losses import js_divergence
 
     p = torch.zeros(1, 2, 4, 4)
     p[0, 0, 0, 0] = p[0, 1, 3, 3] = 1.0
@@ -187,7 +187,7 @@ def test_coord_scale_scales_point_and_structure_losses_alike():
 @pytest.mark.parametrize("bad", [{"heatmap_lambda": -1.0}, {"heatmap_sigma": 0.0},
                                  {"coord_scale": float("nan")}])
 def test_loss_rejects_out_of_range_settings(bad):
-    from pipeline.errors import PipelineError
+    from pipeline.core.errors import PipelineError
 
     with pytest.raises(PipelineError):
         build_loss("l1", 0.2, None, **bad)

@@ -10,7 +10,7 @@ import torch
 from click.testing import CliRunner
 from torch import nn
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.models import (BlurPool2d, ResUNet, build_model, count_params, create_model, default_input_size,
                              list_presets, model_flops, soft_argmax)
 from pipeline.models.resunet import BasicBlock, Bottleneck

@@ -7,12 +7,12 @@ import pandas as pd
 import pytest
 import torch
 
-from pipeline.cache import load_cache
+from pipeline.formats.cache import load_cache
 from pipeline.cli import main
-from pipeline.config import load_config
-from pipeline.inference import predict_crops
-from pipeline.schema import IBUG68
-from pipeline.train import fit
+from pipeline.core.config import load_config
+from pipeline.inference.tta import predict_crops
+from pipeline.keypoints.schema import IBUG68
+from pipeline.stages.train import fit
 
 TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2",
         "train.randaug_n=1"]
@@ -131,9 +131,9 @@ def test_predict_calibration_subtracts_the_oof_bias_when_on(tiny_workspace, trai
 
 
 def test_label_origin_moves_labels_onto_the_pixel_grid_and_predictions_back(demo_dir, tmp_path):
-    from pipeline.crop import run_crop
-    from pipeline.geometry import to_crop
-    from pipeline.inference import predict_original
+    from pipeline.stages.crop import run_crop
+    from pipeline.keypoints.geometry import to_crop
+    from pipeline.inference.tta import predict_original
 
     caches = {}
     for origin in (0, 1):

@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pipeline.errors import PipelineError
-from pipeline.schema import IBUG68, KeypointSchema, NOSE1, get_schema, schema_from_dict
+from pipeline.core.errors import PipelineError
+from pipeline.keypoints.schema import IBUG68, KeypointSchema, NOSE1, get_schema, schema_from_dict
 
 # (image-left, image-right) twins of a frontal face
 PAIRS = [(36, 45), (39, 42), (0, 16), (3, 13), (17, 26), (21, 22), (31, 35), (48, 54), (60, 64)]
@@ -45,7 +45,7 @@ def _left_of_twin_after_flip(kp: np.ndarray, width: float) -> tuple[int, int]:
 def test_flip_keeps_left_points_left_on_real_faces(real_dir):
     import cv2
 
-    from pipeline.dataset import load_xml
+    from pipeline.formats.annotations import load_xml
 
     faces = load_xml(real_dir / "labels_ibug_300W_train.xml", IBUG68)[::10]
     total = kept_total = 0
@@ -60,7 +60,7 @@ def test_flip_keeps_left_points_left_on_real_faces(real_dir):
 
 def test_a_wrong_permutation_would_be_caught(real_dir):
     # the same check with 36 <-> 45 left unswapped must fail, or the test above proves nothing
-    from pipeline.dataset import load_xml
+    from pipeline.formats.annotations import load_xml
 
     bad = list(IBUG68.flip_perm)
     bad[36], bad[45] = 36, 45
@@ -71,7 +71,7 @@ def test_a_wrong_permutation_would_be_caught(real_dir):
 
 
 def test_neighbours_shape_and_no_self():
-    from pipeline.demo import TEMPLATE
+    from pipeline.stages.demo import TEMPLATE
 
     nb = IBUG68.neighbours(TEMPLATE[:, :2], n=2)
     assert nb.shape == (68, 2) and nb.dtype == np.int64

@@ -2,9 +2,9 @@ import numpy as np
 import pytest
 
 from conftest import run_cli
-from pipeline.config import DEFAULTS
-from pipeline.errors import PipelineError
-from pipeline.submission import format_submission, read_solution, read_submission, submission_ids, write_submission
+from pipeline.core.config import DEFAULTS
+from pipeline.core.errors import PipelineError
+from pipeline.formats.submission import format_submission, read_solution, read_submission, submission_ids, write_submission
 
 
 def test_round_trip(tmp_path):
@@ -172,9 +172,9 @@ def test_submit_standalone_calls_predict_xml(tmp_path, monkeypatch, capsys):
         calls.update(xml=xml_path, ckpts=list(checkpoints), predict=predict_cfg, data=data_cfg, crop=crop_cfg)
         return np.arange(3 * 68 * 2, dtype=float).reshape(3, 68, 2)
 
-    import pipeline.backend
+    import pipeline.inference.predictor
 
-    monkeypatch.setattr(pipeline.backend, "predict_xml", fake_predict_xml)
+    monkeypatch.setattr(pipeline.inference.predictor, "predict_xml", fake_predict_xml)
     xml = tmp_path / "test.xml"
     xml.write_text("<dataset/>")
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"

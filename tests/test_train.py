@@ -5,10 +5,10 @@ import math
 import pytest
 import torch
 
-from pipeline.checkpoint import load_checkpoint
-from pipeline.config import load_config
-from pipeline.errors import PipelineError
-from pipeline.train import fit, get_lr
+from pipeline.formats.checkpoint import load_checkpoint
+from pipeline.core.config import load_config
+from pipeline.core.errors import PipelineError
+from pipeline.stages.train import fit, get_lr
 
 TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=4",
         "train.warmup_epochs=1", "folds.k=2", "train.randaug_n=1"]
@@ -75,7 +75,7 @@ def test_fold_out_of_range_is_an_error(tiny_workspace):
 
 
 def test_amp_auto_is_off_on_cpu():
-    from pipeline.device import amp_dtype
+    from pipeline.core.device import amp_dtype
 
     assert amp_dtype("auto", torch.device("cpu")) is None
     assert amp_dtype("off", torch.device("cuda")) is None
@@ -93,7 +93,7 @@ def test_cuda_amp_step(tiny_workspace):
 def test_heatmap_regulariser_trains_through_the_maps(tiny_workspace, monkeypatch):
     """heatmap_lambda > 0: the trainer asks the model for its soft-argmax maps and the
     regulariser's gradient reaches the head."""
-    from pipeline.losses import KeypointLoss
+    from pipeline.training.losses import KeypointLoss
 
     seen = []
     forward = KeypointLoss.forward

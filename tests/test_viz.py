@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 
 from conftest import run
-from pipeline.config import load_config
-from pipeline.draw import GAP, HEADER_H, sheet_size
-from pipeline.haar import cascade_available, haar_to_box, iou
-from pipeline.metrics import per_face_mae
-from pipeline.morph import CUBE_PALETTE, encode_gif, lzw_encode, morph_frames, quantize_cube
-from pipeline.viz import filter_grid
+from pipeline.core.config import load_config
+from pipeline.keypoints.draw import GAP, HEADER_H, sheet_size
+from pipeline.detection.haar import cascade_available, haar_to_box, iou
+from pipeline.keypoints.metrics import per_face_mae
+from pipeline.tools.morph import CUBE_PALETTE, encode_gif, lzw_encode, morph_frames, quantize_cube
+from pipeline.tools.viz import filter_grid
 
 needs_haar = pytest.mark.skipif(not cascade_available(), reason="this OpenCV has no Haar cascade (OpenCV 5)")
 
@@ -28,12 +28,12 @@ def viz_ws(tiny_workspace, demo_dir, tmp_path_factory):
     (test.npz, oof.npz as `pipeline predict` lays them out) and a regression checkpoint."""
     import torch
 
-    from pipeline.cache import load_cache
-    from pipeline.checkpoint import load_model, save_checkpoint
-    from pipeline.inference import predict_original
+    from pipeline.formats.cache import load_cache
+    from pipeline.formats.checkpoint import load_model, save_checkpoint
+    from pipeline.inference.tta import predict_original
     from pipeline.models import create_model
-    from pipeline.schema import IBUG68
-    from pipeline.train import fit
+    from pipeline.keypoints.schema import IBUG68
+    from pipeline.stages.train import fit
 
     ws = tiny_workspace
     out = tmp_path_factory.mktemp("vizws")
@@ -199,8 +199,8 @@ def test_predict_image_without_cascade_says_how_to_fix(viz_ws, tmp_path, capsys)
 @needs_haar
 @pytest.mark.realdata
 def test_predict_image_finds_a_real_face(viz_ws, real_dir, tmp_path):
-    from pipeline.dataset import load_xml
-    from pipeline.schema import IBUG68
+    from pipeline.formats.annotations import load_xml
+    from pipeline.keypoints.schema import IBUG68
 
     face = load_xml(real_dir / "labels_ibug_300W_train.xml", IBUG68)[0]  # helen/trainset/100032540_1.jpg
     out = tmp_path / "out"

@@ -9,7 +9,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.models.layers import ConvNormAct, get_act_layer
 from pipeline.models.registry import build_preset, register_model
 

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 LayerType = Callable[..., nn.Module]
 

@@ -18,7 +18,7 @@ from typing import Any, Callable
 import torch
 from torch import nn
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 
 # arguments every model constructor takes; everything else is a preset option
 _FIXED = ("num_keypoints", "in_chans", "input_size")

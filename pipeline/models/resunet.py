@@ -26,7 +26,7 @@ from typing import Sequence
 import torch
 from torch import nn
 
-from pipeline.errors import PipelineError
+from pipeline.core.errors import PipelineError
 from pipeline.models.head import SoftArgmaxHead
 from pipeline.models.layers import ConvNormAct, LayerType, create_downsample, get_act_layer, make_divisible
 from pipeline.models.registry import build_preset, register_model

@@ -1,0 +1,1 @@
+"""Foundation: errors, atomic writes, params, devices, fault injection."""

@@ -1,0 +1,344 @@
+"""Configuration: defaults, then the params file, then `--set key=value` overrides.
+
+Every stage reads only its own sections of `params.yaml` (as DVC's example-get-started
+does) and writes the resolved values beside its outputs. Unknown keys and values of the
+wrong type are rejected with the file and key named, never silently ignored.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import os
+from pathlib import Path
+from typing import Any, Iterable
+
+import click
+import yaml
+
+from pipeline.core.errors import PipelineError
+from pipeline.core.io import write_text
+
+# Each leaf's default also fixes its type: an int default accepts ints, a float default
+# accepts ints and floats, a bool default only booleans. Leaves whose default is None
+# declare their type in NULLABLE; leaves listed in FREE_FORM are dicts checked by the
+# code that reads them (a custom schema, preset options).
+DEFAULTS: dict[str, dict[str, Any]] = {
+    "data": {
+        "dir": None,  # dataset folder holding the two XMLs; null = embedded demo set
+        "train_xml": "labels_ibug_300W_train.xml",  # relative to data.dir
+        "test_xml": "labels_ibug_300W_test_parsed.xml",  # relative to data.dir
+        "solution": "solution.csv",  # truth of the test set, scored when present
+        "schema": "ibug68",  # keypoint layout: ibug68 | nose1 | custom
+        "custom_schema": None,  # with schema: custom -> {names, flip, eyes}
+        # coordinate of the first pixel's centre in the labels: 0 = dlib / OpenCV, 1 = the
+        # 1-based Matlab convention of the 300-W .pts files. Internally pixel centres sit at
+        # 0, 1, ...; a wrong origin makes mirrored training samples disagree by 2 * origin px
+        # in x (the flip maps x -> W - 1 - x) and biases predictions by -origin px in x
+        "label_origin": 0.0,
+    },
+    "demo": {
+        "n_train": 400,  # synthetic training faces
+        "n_test": 60,  # synthetic test faces (truth goes to solution.csv)
+        "seed": 0,  # same seed -> byte-identical XML and CSV
+        "layout": "flat",  # flat (images/train, images/test) | 300w (the full set's folders, names, mirrors)
+    },
+    "crop": {
+        "expand": 1.25,  # box side is scaled by this before the square crop
+        "side": 64,  # cached face side in pixels (uint8, N x side x side x 3); not "size": DVC's run
+        # cache ignores params named size (treeverse/dvc#10296), so a change would not re-run crop
+        "n_jobs": 2,  # joblib workers
+    },
+    "folds": {
+        "k": 5,  # number of folds
+        "seed": 0,  # shuffling of photo groups
+        "train": [0, 1, 2, 3, 4],  # folds that get a train stage in dvc.yaml (each < k)
+        # photo groups (kept in one fold): a regex matched against each image path without
+        # its extension; its named group 'photo' is the group. The default is 300-W's
+        # naming (face _1.._99, mirror _mirror): see pipeline.formats.annotations.photo_group
+        "group_regex": r"^(?P<photo>.+?)(?:_\d{1,2})?(?:_mirror)?$",
+    },
+    "model": {
+        "preset": "resunet-tiny",  # registry name, see `pipeline models`
+        "input_size": 64,  # network input side in pixels
+        "in_chans": 3,  # 3 = colour, 1 = grayscale
+        "options": {},  # preset keyword overrides (width, blurpool, act, ...)
+    },
+    "train": {
+        "epochs": 12,
+        "batch_size": 16,
+        "optimizer": "adamw",  # adamw | sgd
+        "lr": 1.0e-3,  # peak learning rate after warm-up
+        "momentum": 0.9,  # SGD momentum / AdamW beta1
+        "weight_decay": 1.0e-5,
+        "warmup_epochs": 1.0,  # linear warm-up length; then cosine decay to 0
+        "loss": "l1",  # l1 | l2 | mse | euclidean
+        "structure_lambda": 0.2,  # weight of the structure loss (0 disables)
+        # losses on coordinates scaled to [-1, 1] (errors / half the input size), as in the
+        # integral-regression papers: the seed's SGD lr 0.8 assumes this scale
+        "normalize_coords": True,
+        "heatmap_lambda": 1.0,  # weight of the DSNT heatmap regulariser (JS to a Gaussian), 0 = off
+        "heatmap_sigma": 1.0,  # its Gaussian's sigma in heatmap pixels
+        "scale_min": 0.75,  # random resize range
+        "scale_max": 1.3333333,
+        "flip": 0.5,  # horizontal flip probability (indices remapped by the schema)
+        "randaug_n": 2,  # RandAugment number of ops (0 disables)
+        "randaug_m": 7,  # RandAugment magnitude (0..30)
+        "amp": "auto",  # auto (CUDA only) | off | bf16 | fp16
+        "channels_last": "auto",  # auto (CUDA only) | on | off
+        "device": "auto",  # auto | cpu | cuda | cuda:N
+        "num_workers": 0,  # loader worker processes (0 = main process)
+        "seed": 0,
+        "grad_clip": 0.0,  # max grad norm, 0 = off
+    },
+    "predict": {
+        "tta": "flip",  # none | flip
+        # subtract the per-keypoint mean OOF residual from the test predictions: on | off |
+        # auto (only when it lowers the leave-one-out calibrated OOF MAE)
+        "calibrate": "auto",
+        "batch_size": 64,
+        "device": "auto",
+        "checkpoint": "best.pt",  # which file of models/fold{K}/
+    },
+    "submit": {
+        "name": "submission",  # submissions/<name>.csv
+    },
+}
+
+NULLABLE: dict[str, tuple[type, ...]] = {
+    "data.dir": (str,),
+    "data.custom_schema": (dict,),
+}
+FREE_FORM = {"model.options", "data.custom_schema"}
+
+
+# Value ranges, checked where the value is read (so the error names the file or --set at
+# fault). Every float must also be finite. key -> (test, what it must be).
+def _int_at_least(lo: int):
+    return (lambda v: v >= lo), f"an integer >= {lo}"
+
+
+def _number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False):
+    def ok(v):
+        return (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
+    return ok, f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+
+
+RANGES: dict[str, tuple[Any, str]] = {
+    "demo.n_train": _int_at_least(1), "demo.n_test": _int_at_least(1), "demo.seed": _int_at_least(0),
+    "crop.expand": _number_in(0, 10, lo_open=True), "crop.side": ((lambda v: 8 <= v <= 4096), "an integer in [8, 4096]"),
+    "folds.k": _int_at_least(2), "folds.seed": _int_at_least(0),
+    "folds.train": ((lambda v: all(isinstance(f, int) and not isinstance(f, bool) and f >= 0 for f in v)),
+                    "a list of fold numbers (integers >= 0)"),
+    "model.input_size": ((lambda v: 8 <= v <= 4096), "an integer in [8, 4096]"),
+    "model.in_chans": ((lambda v: v in (1, 3)), "1 or 3"),
+    "train.epochs": _int_at_least(1), "train.batch_size": _int_at_least(1),
+    "train.lr": ((lambda v: v > 0), "a number > 0"), "train.momentum": _number_in(0, 1, hi_open=True),
+    "train.weight_decay": _number_in(0, 1e3), "train.warmup_epochs": _number_in(0, 1e6),
+    "train.structure_lambda": _number_in(0, 1e6), "train.heatmap_lambda": _number_in(0, 1e6),
+    "train.heatmap_sigma": _number_in(0, 1e3, lo_open=True), "data.label_origin": _number_in(-1e3, 1e3),
+    "predict.calibrate": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
+    "train.scale_min": _number_in(0, 100, lo_open=True),
+    "train.scale_max": _number_in(0, 100, lo_open=True), "train.flip": _number_in(0, 1),
+    "train.randaug_n": _int_at_least(0), "train.randaug_m": ((lambda v: 0 <= v <= 30), "an integer in [0, 30]"),
+    "train.num_workers": _int_at_least(0), "train.seed": _int_at_least(0), "train.grad_clip": _number_in(0, 1e9),
+    "predict.batch_size": _int_at_least(1),
+    "demo.layout": ((lambda v: v in ("flat", "300w")), "flat or 300w"),
+    "train.amp": ((lambda v: v in ("auto", "on", "off", "bf16", "fp16")), "auto, on, off, bf16 or fp16"),
+    "train.channels_last": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
+    "folds.group_regex": ((lambda v: _regex_with_photo(v)), "a regex with a named group (?P<photo>...)"),
+}
+
+
+def _regex_with_photo(pattern: str) -> bool:
+    import re
+
+    try:
+        return "photo" in re.compile(pattern).groupindex
+    except re.error:
+        return False
+
+# On/off switches: string params whose default is "auto", "on" or "off" (train.amp,
+# train.channels_last, ...). YAML reads on/off/yes/no/true/false as booleans; for a switch
+# they mean "on"/"off".
+SWITCH_DEFAULTS = ("auto", "on", "off")
+
+
+def _is_switch(key: str) -> bool:
+    default = DEFAULTS_FLAT.get(key)
+    return isinstance(default, str) and default in SWITCH_DEFAULTS
+
+
+def _check_range(key: str, value: Any, source: str) -> None:
+    import math
+
+    if isinstance(value, float) and not math.isfinite(value):
+        raise PipelineError(source, f"'{key}' must be a finite number, got {value!r}")
+    if key in RANGES and value is not None:
+        ok, what = RANGES[key]
+        if not ok(value):
+            raise PipelineError(source, f"'{key}' must be {what}, got {value!r}")
+
+
+def _type_ok(key: str, default: Any, value: Any) -> bool:
+    if key in NULLABLE:
+        return value is None or isinstance(value, NULLABLE[key])
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    return isinstance(value, type(default))
+
+
+def _type_name(key: str, default: Any) -> str:
+    if key in NULLABLE:
+        return " or ".join(t.__name__ for t in NULLABLE[key]) + " or null"
+    return {bool: "bool", int: "int", float: "number", str: "string", dict: "mapping",
+            list: "list"}.get(type(default), type(default).__name__)
+
+
+def _merge(base: dict, update: dict, source: str, prefix: str = "") -> None:
+    """Merge `update` into `base` in place, rejecting unknown keys and wrong types."""
+    if not isinstance(update, dict):
+        raise PipelineError(source, f"'{prefix.rstrip('.') or 'top level'}' must be a mapping")
+    for key, value in update.items():
+        full = f"{prefix}{key}"
+        if key not in base:
+            raise PipelineError(source, f"unknown key '{full}'")
+        default = base[key]
+        if full in FREE_FORM:
+            if value is not None and not isinstance(value, dict):
+                raise PipelineError(source, f"'{full}' must be a mapping, got {value!r}")
+            base[key] = copy.deepcopy(value) if value is not None else ({} if default == {} else None)
+        elif isinstance(default, dict) and full not in NULLABLE:
+            _merge(default, value, source, full + ".")
+        elif isinstance(value, bool) and _is_switch(full):
+            base[key] = "on" if value else "off"
+        elif not _type_ok(full, DEFAULTS_FLAT.get(full, default), value):
+            raise PipelineError(
+                source, f"'{full}' must be {_type_name(full, DEFAULTS_FLAT.get(full, default))}, got {value!r}")
+        else:
+            _check_range(full, value, source)
+            base[key] = float(value) if isinstance(DEFAULTS_FLAT.get(full), float) else value
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and f"{prefix}{k}" not in FREE_FORM and v:
+            out.update(flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
+
+
+DEFAULTS_FLAT = flatten(DEFAULTS)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a mapping with the same key twice (plain YAML keeps the last)."""
+
+
+def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict = {}
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicated key '{key}' (also on line {seen[key] + 1})", key_node.start_mark)
+        seen[key] = key_node.start_mark.line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def parse_override(text: str) -> dict:
+    """'train.lr=0.1' -> {'train': {'lr': 0.1}}; the value is parsed as YAML."""
+    if "=" not in text:
+        raise PipelineError("--set", f"expected key=value, got {text!r}")
+    key, raw = text.split("=", 1)
+    try:
+        value = yaml.safe_load(raw) if raw != "" else ""
+    except yaml.YAMLError as e:
+        raise PipelineError("--set", f"cannot parse value of '{key}': {e.problem}") from None
+    if isinstance(value, str):
+        try:  # YAML 1.1 reads '1e30' as a string; on the command line it means a number
+            value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "+inf") else value
+        except ValueError:
+            pass
+    node: dict = {}
+    cur = node
+    parts = key.strip().split(".")
+    for p in parts[:-1]:
+        cur[p] = {}
+        cur = cur[p]
+    cur[parts[-1]] = value
+    return node
+
+
+_SOURCE: dict[str, Any] = {"file": "params.yaml", "set": {}}  # of the last load_config (one per CLI process)
+
+
+def params_source(*keys: str) -> str:
+    """Where the current value of `keys` came from, for errors about a param found after
+    loading: `--set key=value` when an override set it (or its section), else the params
+    file read (so `--params other.yaml` is blamed, not params.yaml)."""
+    for key in keys:
+        for set_key, text in reversed(list(_SOURCE["set"].items())):
+            if key == set_key or key.startswith(set_key + "."):
+                return f"--set {text}"
+    return _SOURCE["file"]
+
+
+def load_config(params: str | os.PathLike | None = "params.yaml",
+                overrides: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
+    """Defaults, then `params` (a missing default params.yaml means defaults), then overrides."""
+    overrides = list(overrides)
+    _SOURCE["file"] = "params.yaml" if params is None else str(params)
+    _SOURCE["set"] = {t.split("=", 1)[0].strip(): t for t in overrides}
+    cfg = copy.deepcopy(DEFAULTS)
+    if params is not None:
+        path = Path(params)
+        if path.exists():
+            if path.is_dir():
+                raise PipelineError(path, "is a directory, expected a params YAML file")
+            try:
+                loaded = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+            except yaml.YAMLError as e:
+                mark = getattr(e, "problem_mark", None)
+                line = f" (line {mark.line + 1})" if mark else ""
+                raise PipelineError(path, f"invalid YAML{line}: {getattr(e, 'problem', e)}") from None
+            except UnicodeDecodeError:
+                raise PipelineError(path, "not a text file") from None
+            if loaded is not None:
+                _merge(cfg, loaded, str(path))
+        elif str(params) != "params.yaml":
+            raise PipelineError(path, "params file not found")
+    for text in overrides:
+        _merge(cfg, parse_override(text), f"--set {text}")
+    return cfg
+
+
+def write_resolved(cfg: dict, out_dir: str | os.PathLike, sections: Iterable[str],
+                   name: str = "params.resolved.yaml") -> Path:
+    """Write the sections a stage used beside its outputs, so a result names its config."""
+    out = Path(out_dir) / name
+    write_text(out, yaml.safe_dump({s: cfg[s] for s in sections}, sort_keys=False))
+    return out
+
+
+def config_options(fn):
+    """Add `--params PATH` and repeatable `--set key=value`, and pass the resolved `cfg`."""
+
+    @click.option("--params", "params_path", default="params.yaml", show_default=True,
+                  help="params YAML file (missing default file = built-in defaults)")
+    @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                  help="override a param, e.g. --set train.lr=0.1 (repeatable)")
+    @functools.wraps(fn)
+    def wrapper(*args, params_path, overrides, **kwargs):
+        return fn(*args, cfg=load_config(params_path, overrides), **kwargs)
+
+    return wrapper

@@ -1,0 +1,115 @@
+"""Checkpoints: plain dicts of tensors and Python values, written atomically and read
+with `torch.load(weights_only=True)` so loading one never runs pickled code."""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import warnings
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from pipeline.core.errors import PipelineError
+from pipeline.core.io import torch_save
+
+REQUIRED = ("model_config", "model", "schema", "epoch")
+
+
+def save_checkpoint(path: str | os.PathLike, ckpt: dict[str, Any]) -> None:
+    torch_save(path, ckpt)
+
+
+def _load_failure(e: BaseException) -> str:
+    """One short line for why torch.load failed. The weights-only unpickler's message is a
+    paragraph (with ANSI bold) whose useful part follows 'WeightsUnpickler error:'."""
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e))
+    if "WeightsUnpickler error:" in text:
+        detail = next((ln.strip() for ln in text.split("WeightsUnpickler error:", 1)[1].splitlines()
+                       if ln.strip()), "")
+        detail = detail.split(" Please use ", 1)[0].rstrip(". ")
+        return f"refused by the weights-only loader: {detail}"[:160]
+    first = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return first[:160] if first else type(e).__name__
+
+
+def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
+                    schema=None) -> dict[str, Any]:
+    """Load and check a checkpoint; `schema` (a KeypointSchema) must match if given."""
+    path = Path(path)
+    if not path.exists():
+        raise PipelineError(path, "checkpoint not found")
+    if path.is_dir():
+        raise PipelineError(path, "is a directory, expected a checkpoint file")
+    try:
+        with warnings.catch_warnings():  # a foreign pickle's protocol warning would be a 2nd stderr line
+            warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)
+            ckpt = torch.load(path, map_location=map_location, weights_only=True)
+    except (pickle.UnpicklingError, zipfile.BadZipFile, RuntimeError, EOFError, ValueError,
+            AttributeError, OSError) as e:
+        raise PipelineError(path, f"not a loadable checkpoint ({_load_failure(e)})") from None
+    if not isinstance(ckpt, dict) or any(k not in ckpt for k in REQUIRED):
+        raise PipelineError(path, f"not a pipeline checkpoint (needs keys {', '.join(REQUIRED)})")
+    if schema is not None:
+        theirs = ckpt["schema"]
+        if not isinstance(theirs, dict):
+            raise PipelineError(path, f"not a pipeline checkpoint ('schema' is a {type(theirs).__name__}, not a mapping)")
+        if theirs.get("names") != list(schema.names) or theirs.get("flip") != list(schema.flip_perm):
+            raise PipelineError(path, f"checkpoint is for schema '{theirs.get('name')}' "
+                                      f"({len(theirs.get('names', []))} points), data uses "
+                                      f"'{schema.name}' ({schema.k} points)")
+    return ckpt
+
+
+def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", schema=None):
+    """(model in eval mode on `device`, checkpoint dict)."""
+    from pipeline.models import build_model
+
+    ckpt = load_checkpoint(path, "cpu", schema)
+    try:
+        model = build_model(ckpt["model_config"])
+        model.load_state_dict(ckpt["model"])
+    except PipelineError as e:
+        raise PipelineError(path, e.problem) from None
+    except (RuntimeError, KeyError, TypeError, AttributeError, ValueError) as e:
+        raise PipelineError(path, f"weights do not fit model '{ckpt['model_config'].get('preset')}' "
+                                  f"({str(e).splitlines()[0][:120]})") from None
+    return model.to(device).eval(), ckpt
+
+
+def checkpoint_crop(ckpt: dict[str, Any], where: str | os.PathLike | None = None) -> tuple[int, float]:
+    """(crop size, crop expand) the checkpoint's model was trained on: the single reader of
+    a checkpoint's crop geometry (predict, predict-image, heatmaps, morph, bench, export).
+
+    `ckpt["crop"]` is stamped at training from the cache the model actually saw; the params
+    it was trained with (`ckpt["config"]["crop"]`) may name another size than that cache,
+    so they are only the fallback for checkpoints written before the stamp, and the
+    built-in defaults after that. An exported model's JSON carries the same "crop" key."""
+    from pipeline.core.config import DEFAULTS
+
+    geo = ckpt.get("crop")
+    if not isinstance(geo, dict):
+        cfg = ckpt.get("config")
+        geo = cfg.get("crop") if isinstance(cfg, dict) else None
+    if not isinstance(geo, dict):
+        geo = DEFAULTS["crop"]
+    try:
+        # the stamp says "size"; params say "side" (renamed from "size" for DVC's run cache)
+        size = int(geo.get("size", geo.get("side", DEFAULTS["crop"]["side"])))
+        expand = float(geo.get("expand", DEFAULTS["crop"]["expand"]))
+    except (TypeError, ValueError):
+        raise PipelineError(where, f"bad crop geometry {geo!r} in the checkpoint") from None
+    if size < 1 or not expand > 0:
+        raise PipelineError(where, f"bad crop geometry (size {size}, expand {expand}) in the checkpoint")
+    return size, expand
+
+
+def checkpoint_label_origin(ckpt: dict[str, Any]) -> float:
+    """The pixel-centre origin of the labels the model was trained on (data.label_origin of
+    its cache): predictions, computed on 0-based pixel centres, are shifted by it to come
+    out in the labels' convention. 0 for checkpoints made before it was stamped."""
+    geo = ckpt.get("crop")
+    return float(geo.get("label_origin", 0.0)) if isinstance(geo, dict) else 0.0

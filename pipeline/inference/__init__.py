@@ -1,0 +1,1 @@
+"""Prediction on crops and photos: test-time augmentation, torch/onnxruntime predictors."""

@@ -1,0 +1,103 @@
+"""Inference on cached crops: a model (torch, or any callable of the same contract such
+as pipeline.inference.predictor's onnxruntime wrapper) -> keypoints in crop pixels, with flip TTA,
+then mapped to original-image pixels. Shared by predict, train's validation, export's
+check, bench and the image tools."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import numpy as np
+import torch
+
+from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_label_origin
+from pipeline.core.config import params_source
+from pipeline.core.device import amp_dtype, autocast
+from pipeline.core.errors import PipelineError
+from pipeline.keypoints.flip import flip_images, unflip_coords
+from pipeline.keypoints.geometry import crop_one, crop_transform, input_to_crop, to_original
+from pipeline.keypoints.preprocess import faces_to_chw, normalize_batch, resize_batch
+
+
+@torch.inference_mode()
+def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
+                  flip_perm: Sequence[int] | None, batch_size: int = 64,
+                  device: torch.device = torch.device("cpu"), amp: torch.dtype | None = None,
+                  channels_last: bool = False, progress: bool = False) -> dict[str, np.ndarray]:
+    """Keypoints in crop pixels for uint8 faces (N, S, S, 3). `model` is a torch model or
+    any callable of the same contract (pipeline.inference.predictor: onnxruntime).
+
+    Returns {"plain": (N, K, 2)} and, when flip_perm is given, also {"flip": ..., "tta": ...}:
+    the prediction on the mirrored face, un-mirrored (x -> W-1-x, left/right indices swapped
+    back), and the mean of the two. The faces and their mirrors go through the model as one
+    batch of 2B: one call instead of two, which at batch 1 (one face at a time) is most of
+    the TTA cost saved."""
+
+    model.eval()
+    cache_size = faces.shape[1]
+    outs: dict[str, list[np.ndarray]] = {"plain": []}
+    if flip_perm is not None:
+        outs["flip"] = []
+    starts = range(0, len(faces), batch_size)
+    if progress:
+        from tqdm import tqdm
+
+        starts = tqdm(starts, desc="predict", unit="batch", leave=False)
+    for s in starts:
+        x = faces_to_chw(faces[s:s + batch_size], in_chans).to(device, non_blocking=True)  # (B, C, S, S) uint8
+        x = resize_batch(normalize_batch(x, channels_last), input_size)  # (B, C, H, W) float
+        b = x.shape[0]
+        with autocast(device, amp):
+            if flip_perm is None:
+                outs["plain"].append(model(x).float().cpu().numpy())  # (B, K, 2) input px
+            else:
+                both = model(torch.cat([x, flip_images(x)])).float()  # (2B, K, 2) input px
+                outs["plain"].append(both[:b].cpu().numpy())
+                outs["flip"].append(unflip_coords(both[b:], input_size, flip_perm).cpu().numpy())
+    res = {k: input_to_crop(np.concatenate(v).astype(np.float64), cache_size, input_size)
+           for k, v in outs.items()}
+    if flip_perm is not None:
+        res["tta"] = (res["plain"] + res["flip"]) / 2
+    return res
+
+
+def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndarray, tta: str,
+                     batch_size: int, device: torch.device, progress: bool = False) -> dict[str, np.ndarray]:
+    """predict_crops for a checkpoint's model, mapped to original-image pixels."""
+    if tta not in ("none", "flip"):
+        raise PipelineError(params_source("predict.tta"), f"predict.tta must be none|flip, got '{tta}'")
+    cfg = ckpt["model_config"]
+    crops = predict_crops(model, faces, input_size=cfg["input_size"], in_chans=cfg["in_chans"],
+                          flip_perm=ckpt["schema"]["flip"] if tta == "flip" else None,
+                          batch_size=batch_size, device=device,
+                          amp=amp_dtype("auto", device), progress=progress)
+    # back to the labels' pixel grid (data.label_origin of the cache the model trained on)
+    origin = checkpoint_label_origin(ckpt)
+    out = {k: to_original(v, crop_to_orig) + origin for k, v in crops.items()}
+    out["final"] = out["tta"] if tta == "flip" else out["plain"]
+    return out
+
+
+def check_crop_geometry(path, ckpt: dict, cache) -> None:
+    """A checkpoint predicts only faces cropped as in its training (crop side, expand)."""
+    have = (int(cache.info["size"]), float(cache.info["expand"]))
+    want = checkpoint_crop(ckpt, path)
+    if want != have:
+        raise PipelineError(path, f"trained on {want[0]} px crops with expand {want[1]:g}, but the cache "
+                                  f"{cache.path} holds {have[0]} px crops with expand {have[1]:g} "
+                                  "(rerun `pipeline crop` with the training's crop params, or retrain)")
+
+
+def predict_boxes(image: np.ndarray, boxes: np.ndarray, models: Sequence[tuple], tta: str = "flip",
+                  device=None) -> np.ndarray:
+    """Keypoints (M, K, 2) in photo pixels for training-convention boxes (M, 4): each model
+    sees the face cropped as in its training cache (crop.side, crop.expand), predictions
+    are mapped back through the crop transform and averaged over the models."""
+    device = device or torch.device("cpu")
+    preds = []
+    for model, ckpt in models:
+        size, expand = checkpoint_crop(ckpt)
+        a = np.stack([crop_transform(b, expand, size) for b in boxes])
+        faces = np.stack([crop_one(image, m, size) for m in a])
+        preds.append(predict_original(model, ckpt, faces, a, tta, 64, device)["final"])
+    return np.mean(preds, axis=0)

@@ -1,0 +1,92 @@
+"""The `crop` stage: expand each face box, make it square, crop (padding where the box
+leaves the image), resize to `crop.side`, and store every face of a split in the face
+cache (pipeline/formats/cache.py) with its keypoints and the crop->original transform
+(pipeline/keypoints/geometry.py), so predictions map back exactly. Both annotation files are read
+and every image decoded and cropped before anything is written; both splits are then
+built in one temp folder renamed into place, so a reader never sees half a cache."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+
+import click
+
+from pipeline.formats.cache import CACHE_MARKER, dataset_root, is_cache_root, write_cache_split
+from pipeline.core.config import config_options, params_source
+from pipeline.formats.annotations import load_xml
+from pipeline.core.errors import PipelineError
+from pipeline.formats.annotations import crop_faces
+from pipeline.core.io import staging_dir
+from pipeline.keypoints.schema import get_schema
+
+log = logging.getLogger(__name__)
+
+
+def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, int]:
+    """The `crop` stage: both splits of data.dir (or the demo set) into out_dir/{train,test}."""
+    from pipeline.core.config import write_resolved
+
+    dcfg, ccfg = cfg["data"], cfg["crop"]
+    if ccfg["side"] < 8 or ccfg["expand"] <= 0:
+        raise PipelineError(params_source("crop.side", "crop.expand"),
+                            f"crop.side must be >= 8 and crop.expand > 0, got "
+                            f"{ccfg['side']} and {ccfg['expand']}")
+    if ccfg["n_jobs"] == 0:
+        raise PipelineError(params_source("crop.n_jobs"), "crop.n_jobs must be >= 1 (or negative: all cores but n+1)")
+    root = dataset_root(dcfg)
+    if not root.is_dir():
+        hint = " (run `pipeline demo-data data/demo`, or set data.dir)" if dcfg["dir"] is None else ""
+        raise PipelineError(root, "dataset folder not found" + hint)
+    schema = get_schema(dcfg)
+    splits = {"train": (root / dcfg["train_xml"], True), "test": (root / dcfg["test_xml"], False)}
+    out = Path(out_dir)
+    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not is_cache_root(out))):
+        raise PipelineError(out, "exists and is not a face cache (only train/, test/ and params.resolved.yaml "
+                                 "may be there); refusing to replace it")
+    for name in splits:  # fail before the work when an output cannot be replaced
+        d = out / name
+        if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not (d / CACHE_MARKER).exists())):
+            raise PipelineError(d, f"exists and is not a face cache (no {CACHE_MARKER}); refusing to replace it")
+    # read and check both annotation files before cropping or writing anything
+    faces = {name: load_xml(xml, schema, require_parts=req) for name, (xml, req) in splits.items()}
+    crops, timing = {}, {}
+    for name, (xml, _) in splits.items():
+        t0 = time.perf_counter()
+        crops[name] = crop_faces(faces[name], root, ccfg["side"], ccfg["expand"], ccfg["n_jobs"], xml,
+                                 progress=True, return_sizes=True)
+        timing[name] = time.perf_counter() - t0
+    for name, dt in timing.items():  # logged once everything is known to be good
+        log.info("crop %s: %d faces in %.2f s (%.0f faces/s, %d jobs)", name, len(faces[name]), dt,
+                 len(faces[name]) / max(dt, 1e-9), ccfg["n_jobs"])
+    # both splits (and the params) go to one temp folder that replaces `out` as a whole: a
+    # crash or a full disk never leaves a train cache and a test cache of different runs
+    import uuid
+
+    from pipeline.core.faults import kill_point
+
+    run = uuid.uuid4().hex
+    with staging_dir(out, CACHE_MARKER, is_ours=is_cache_root) as tmp:
+        for name, (xml, _) in splits.items():
+            (tmp / name).mkdir()
+            write_resolved(cfg, tmp / name, ["data", "crop"])  # before the split's info.json marks it complete
+            write_cache_split(tmp / name, faces[name], *crops[name], schema, xml, ccfg["side"], ccfg["expand"],
+                              float(dcfg["label_origin"]), run)
+            kill_point(f"crop:{name}")  # tests only (pipeline/core/faults.py)
+        write_resolved(cfg, tmp, ["data", "crop"])
+    return {name: len(f) for name, f in faces.items()}
+
+
+@click.command("crop")
+@click.option("--out", "out_dir", default="data/cache", show_default=True, help="writes <out>/train and <out>/test")
+@config_options
+def crop_cmd(out_dir, cfg):
+    """Crop every face box of the train and test XML into the face cache."""
+    t0 = time.perf_counter()
+    counts = run_crop(cfg, out_dir)
+    dt = time.perf_counter() - t0
+    n = counts["train"] + counts["test"]
+    log.info("cached %d train and %d test faces in %s (%.1f s, %.0f faces/s overall)",
+             counts["train"], counts["test"], out_dir, dt, n / max(dt, 1e-9))

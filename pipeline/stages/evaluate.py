@@ -1,0 +1,488 @@
+"""Scoring: the `score` command (a CSV against a solution), the `evaluate` stage (OOF per
+fold and overall, test, OOF bias -> metrics/*.json) and the `leaderboard` command. The
+metrics themselves (MAE, the competition metric, and NME) are in pipeline/keypoints/metrics.py."""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+import numpy as np
+
+from pipeline.formats.cache import dataset_root, face_count, read_array, split_schema
+from pipeline.core.config import config_options
+from pipeline.core.errors import PipelineError
+from pipeline.formats.folds import read_folds
+from pipeline.core.io import write_json, write_text
+from pipeline.keypoints.metrics import mae, nme
+from pipeline.formats.predictions import OOF_KEYS, read_predictions
+from pipeline.keypoints.schema import get_schema
+
+log = logging.getLogger(__name__)
+
+# params sections recorded in metrics/history.jsonl and compared by the leaderboard
+HISTORY_SECTIONS = ("data", "crop", "folds", "model", "train", "predict")
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else float(x)
+
+
+# ---------------------------------------------------------------------------- score
+
+def _parse_eyes(text: str | None) -> tuple[int, int] | None:
+    if text is None or text.strip().lower() in ("", "none", "null"):
+        return None
+    parts = text.split(",")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        return int(parts[0]), int(parts[1])
+    except ValueError:
+        raise click.BadParameter(f"expected two indices like 36,45 (or none), got {text!r}") from None
+
+
+def score_files(submission: str | os.PathLike, solution: str | os.PathLike, k: int | None = None,
+                eyes: tuple[int, int] | None = (36, 45), n_rows: int | None = None) -> dict[str, Any]:
+    """Score a submission CSV against a solution CSV: {mae, nme, rows, faces, k}.
+
+    `k` None means 68 if the row count allows it (else NME is not computed); an
+    explicit k that does not divide the rows is an error. `n_rows` (known from the test
+    cache) is what both files must hold; without it, when the two disagree, the one whose
+    rows are not whole faces is blamed (the submission when both are)."""
+    from pipeline.formats.submission import read_solution, read_submission
+
+    truth = read_solution(solution, n_rows=n_rows)
+    pred = read_submission(submission)
+    if len(pred) != len(truth):
+        per_face = 2 * (68 if k is None else max(1, int(k)))
+        if len(truth) % per_face and not len(pred) % per_face:
+            raise PipelineError(solution, f"{len(truth)} rows, not whole faces of {per_face // 2} keypoints "
+                                          f"(the submission {submission} has {len(pred)})")
+        pred = read_submission(submission, n_rows=len(truth))
+    result: dict[str, Any] = {"mae": mae(pred, truth), "nme": None, "rows": int(len(truth)),
+                              "faces": None, "k": None}
+    kk = 68 if k is None else int(k)
+    if kk < 1:
+        raise click.BadParameter(f"--keypoints must be >= 1, got {kk}")
+    if len(truth) % (2 * kk):
+        if k is not None:
+            raise PipelineError(solution, f"{len(truth)} rows is not a multiple of 2 x {kk} keypoints")
+        return result
+    n = len(truth) // (2 * kk)
+    result.update(faces=n, k=kk, nme=_r(nme(pred.reshape(n, kk, 2), truth.reshape(n, kk, 2), eyes)))
+    return result
+
+
+@click.command("score")
+@click.argument("submission", type=click.Path(dir_okay=True))
+@click.option("--solution", required=True, type=click.Path(dir_okay=True), help="truth CSV (Id,Predicted)")
+@click.option("--keypoints", "k", type=int, default=None, help="keypoints per face (default 68 when it fits)")
+@click.option("--eyes", default="36,45", show_default=True, help="outer eye corner indices for NME, or none")
+@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="also write the scores here")
+def score_cmd(submission, solution, k, eyes, json_out):
+    """Score a competition CSV against a solution: MAE (pixels) and NME (%)."""
+    res = score_files(submission, solution, k, _parse_eyes(eyes))
+    click.echo(f"MAE  {res['mae']:.6f} px   ({res['rows']} values)")
+    if res["nme"] is not None:
+        click.echo(f"NME  {100 * res['nme']:.4f} %   ({res['faces']} faces x {res['k']} keypoints)")
+    else:
+        click.echo("NME  n/a")
+    if json_out:
+        write_json(json_out, res)
+
+
+# ---------------------------------------------------------------------------- evaluate
+
+
+def _block(pred: np.ndarray, plain: np.ndarray, truth: np.ndarray, eyes) -> dict[str, Any]:
+    return {"mae": mae(pred, truth), "nme": _r(nme(pred, truth, eyes)),
+            "mae_notta": mae(plain, truth), "nme_notta": _r(nme(plain, truth, eyes)), "n": int(len(truth))}
+
+
+def oof_metrics(tta: np.ndarray, plain: np.ndarray, fold: np.ndarray, truth: np.ndarray,
+                eyes) -> dict[str, Any]:
+    """Per-fold and overall OOF metrics. Faces with any non-finite prediction (folds not
+    trained) are skipped and counted; folds with no scored face are listed as untrained."""
+    valid = np.isfinite(tta).all(axis=(1, 2)) & np.isfinite(plain).all(axis=(1, 2))
+    per_fold: dict[str, Any] = {}
+    untrained = []
+    for f in sorted(np.unique(fold).tolist()):
+        idx = (fold == f) & valid
+        n_skip = int(((fold == f) & ~valid).sum())
+        if not idx.any():
+            untrained.append(int(f))
+            continue
+        per_fold[str(int(f))] = {**_block(tta[idx], plain[idx], truth[idx], eyes), "skipped": n_skip}
+    if valid.any():
+        overall = _block(tta[valid], plain[valid], truth[valid], eyes)
+    else:
+        overall = {"mae": None, "nme": None, "mae_notta": None, "nme_notta": None, "n": 0}
+    overall["skipped"] = int((~valid).sum())
+    overall["untrained_folds"] = untrained
+    return {"per_fold": per_fold, "overall": overall}
+
+
+def oof_bias_report(tta: np.ndarray, truth: np.ndarray, eyes, names: Sequence[str]) -> dict[str, Any]:
+    """Per-keypoint mean OOF residual (x, y, original px) and the OOF metrics after
+    subtracting it, each face calibrated with the other faces' estimate (leave-one-out,
+    so the improvement is not measured on the faces it was fitted to)."""
+    from pipeline.keypoints.calibrate import keypoint_bias, leave_one_out_calibrated
+
+    ok = np.isfinite(tta).all(axis=(1, 2))
+    bias = keypoint_bias(tta, truth)  # (K, 2)
+    report: dict[str, Any] = {"n": int(ok.sum()), "mean_x": float(bias[:, 0].mean()),
+                              "mean_y": float(bias[:, 1].mean()),
+                              "mean_abs": float(np.abs(bias).mean()),
+                              "oof_mae_cal": None, "oof_nme_cal": None,
+                              "per_keypoint": {str(n): [round(float(bx), 4), round(float(by), 4)]
+                                               for n, (bx, by) in zip(names, bias)}}
+    if ok.sum() >= 2:
+        cal = leave_one_out_calibrated(tta, truth)[ok]
+        report.update(oof_mae_cal=mae(cal, truth[ok]), oof_nme_cal=_r(nme(cal, truth[ok], eyes)))
+    return report
+
+
+def leaderboard_summary(oof: dict, bias: dict, test: dict) -> dict[str, float]:
+    """The figures runs are compared by, under short flat names (one `dvc metrics show` row,
+    one `dvc exp show` column each): OOF `mae`, `nme` (flip TTA) overall and per fold
+    (`mae_f0`, `nme_f0`, ...), the leave-one-out calibrated OOF `mae_cal`, and the test
+    `test_mae`, `test_nme`, `test_mae_uncal` (before OOF calibration). Figures that do not
+    exist (no solution, untrained fold) are left out rather than written as null."""
+    ov = oof["overall"]
+    figures: dict[str, Any] = {"mae": ov["mae"], "nme": ov["nme"], "mae_cal": bias["oof_mae_cal"]}
+    for f, m in oof["per_fold"].items():
+        figures[f"mae_f{f}"] = m["mae"]
+        figures[f"nme_f{f}"] = m["nme"]
+    figures.update(test_mae=test["mae"], test_nme=test["nme"], test_mae_uncal=test.get("mae_uncal"))
+    return {k: v for k, v in figures.items() if v is not None}
+
+
+def uncalibrated_test_scores(test_npz: Path, solution: Path, eyes) -> dict[str, Any]:
+    """Test MAE / NME of the ensemble before OOF calibration, when predict stored it and
+    the truth exists: the leaderboard shows the test score with and without calibration."""
+    from pipeline.formats.submission import read_solution
+
+    if not (test_npz.exists() and solution.exists()):
+        return {}
+    z = read_predictions(test_npz, (), optional=("ensemble_raw", "calibrated"))
+    if "ensemble_raw" not in z:  # from a predict before calibration existed
+        return {}
+    raw, calibrated = z["ensemble_raw"].astype(np.float64), bool(z["calibrated"])  # (N, K, 2)
+    truth = read_solution(solution)
+    if truth.size != raw.size:
+        return {"calibrated": calibrated}
+    truth = truth.reshape(raw.shape)
+    return {"calibrated": calibrated, "mae_uncal": mae(raw, truth), "nme_uncal": _r(nme(raw, truth, eyes))}
+
+
+def solution_path(data_cfg: dict) -> Path:
+    """Where the test truth lives: data.dir/data.solution, or the demo set's solution."""
+    return dataset_root(data_cfg) / data_cfg["solution"]
+
+
+def _append_history(path: Path, entry: dict) -> None:
+    old = path.read_text() if path.exists() else ""
+    if old and not old.endswith("\n"):
+        old += "\n"
+    write_text(path, old + json.dumps(entry, sort_keys=True, default=str) + "\n")
+
+
+def flat_params(cfg: dict, sections: Sequence[str] = HISTORY_SECTIONS) -> dict[str, Any]:
+    from pipeline.core.config import flatten
+
+    return flatten({s: cfg[s] for s in sections if s in cfg})
+
+
+def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathLike,
+                 predictions: str | os.PathLike, out_dir: str | os.PathLike,
+                 submission: str | os.PathLike | None = None, history: bool = True) -> dict[str, Any]:
+    from pipeline.core.config import write_resolved
+
+    cache, predictions, out = Path(cache), Path(predictions), Path(out_dir)
+    train_split, test_split = cache / "train", cache / "test"
+    schema = split_schema(train_split)
+    if schema is None:  # no cache: the params' schema
+        schema = get_schema(cfg["data"])
+    eyes = schema.eyes
+
+    # OOF
+    truth = read_array(train_split, "keypoints_orig").astype(np.float64)  # (N, K, 2)
+    oof_path = predictions / "oof.npz"
+    z = read_predictions(oof_path, OOF_KEYS)
+    for key in ("tta", "plain"):
+        if z[key].shape != truth.shape:
+            raise PipelineError(oof_path, f"'{key}' has shape {z[key].shape}, truth "
+                                          f"{train_split / 'keypoints_orig.npy'} has {truth.shape}")
+    fold = z["fold"].reshape(-1)
+    if len(fold) != len(truth):
+        raise PipelineError(oof_path, f"'fold' has {len(fold)} entries for {len(truth)} faces")
+    folds_path = Path(folds_path)
+    if folds_path.exists():
+        folds_fold = read_folds(folds_path)
+        if len(folds_fold) != len(fold) or not np.array_equal(folds_fold, fold):
+            raise PipelineError(oof_path, f"folds differ from {folds_path}; rerun `pipeline predict`")
+    tta = z["tta"].astype(np.float64)  # (N, K, 2)
+    oof = oof_metrics(tta, z["plain"].astype(np.float64), fold, truth, eyes)
+    bias = oof_bias_report(tta, truth, eyes, schema.names)
+
+    # test
+    sol = solution_path(cfg["data"])
+    sub = Path(submission) if submission else Path("submissions") / f"{cfg['submit']['name']}.csv"
+    test: dict[str, Any] = {"mae": None, "nme": None, "n": 0, "solution": None, "submission": None}
+    if not sol.exists():
+        log.info("no solution at %s: test set not scored", sol)
+    elif not sub.exists():
+        if submission:
+            raise PipelineError(sub, "submission not found (run `pipeline submit` first)")
+        log.info("no submission at %s: test set not scored", sub)
+    else:
+        # the solution must cover the test faces
+        n_test = face_count(test_split)
+        s = score_files(sub, sol, schema.k, eyes, None if n_test is None else n_test * schema.k * 2)
+        test = {"mae": s["mae"], "nme": s["nme"], "n": s["faces"], "solution": str(sol), "submission": str(sub)}
+
+    test.update(uncalibrated_test_scores(predictions / "test.npz", sol, eyes))
+
+    summary = leaderboard_summary(oof, bias, test)
+    # summary.json is the one DVC metric (a leaderboard row); the detailed files are plain outputs
+    write_json(out / "bias.json", bias)
+    write_json(out / "oof.json", oof)
+    write_json(out / "test.json", test)
+    write_json(out / "summary.json", summary)
+    write_resolved(cfg, out, ["data", "submit"])
+    if history:
+        _append_history(out / "history.jsonl", {
+            "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+            "params": flat_params(cfg), "summary": summary})
+    return {"oof": oof, "test": test, "summary": summary}
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{100 * x:.3f}%"
+
+
+def _num(x, digits: int = 4) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
+
+
+@click.command("evaluate")
+@click.option("--cache", default="data/cache", show_default=True, help="face cache (train/keypoints_orig.npy)")
+@click.option("--folds", "folds_path", default="folds/folds.csv", show_default=True)
+@click.option("--predictions", default="predictions", show_default=True, help="folder of oof.npz")
+@click.option("--out", "out_dir", default="metrics", show_default=True)
+@click.option("--submission", default=None, help="CSV scored against the solution "
+                                                 "[default: submissions/<submit.name>.csv]")
+@config_options
+def evaluate_cmd(cache, folds_path, predictions, out_dir, submission, cfg):
+    """OOF metrics per fold and overall, test metrics when a solution exists -> metrics/*.json."""
+    res = run_evaluate(cfg, cache, folds_path, predictions, out_dir, submission)
+    s, ov, test = res["summary"], res["oof"]["overall"], res["test"]
+    click.echo(f"OOF   MAE {_num(s.get('mae'))} px  NME {_pct(s.get('nme'))}  "
+               f"(no TTA: MAE {_num(ov['mae_notta'])}; calibrated: MAE {_num(s.get('mae_cal'))})  n={ov['n']}")
+    if test["mae"] is not None:
+        click.echo(f"test  MAE {_num(test['mae'])} px  NME {_pct(test['nme'])}  n={test['n']}  "
+                   f"(calibrated: {test.get('calibrated')}; uncalibrated MAE {_num(test.get('mae_uncal'))})")
+    click.echo(f"wrote {Path(out_dir) / 'summary.json'}")
+
+
+# ---------------------------------------------------------------------------- leaderboard
+
+def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
+    """Fixed-width text table; numbers right-aligned."""
+    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    numeric = [all(_is_num(r[i]) for r in cells[1:]) and len(cells) > 1 for i in range(len(headers))]
+
+    def line(r):
+        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)).rstrip()
+
+    out = [line(cells[0]), "  ".join("-" * w for w in widths)]
+    out += [line(r) for r in cells[1:]]
+    return "\n".join(out)
+
+
+def _is_num(s: str) -> bool:
+    if s == "-":
+        return True
+    try:
+        float(s.rstrip("%"))
+        return True
+    except ValueError:
+        return False
+
+
+def _sort_key(x):
+    return (x is None or (isinstance(x, float) and math.isnan(x)), x if isinstance(x, (int, float)) else 0.0)
+
+
+def fold_rows(oof: dict) -> list[list[Any]]:
+    """Rows (fold, n, MAE, NME, MAE no-TTA) sorted by OOF MAE."""
+    items = sorted(oof.get("per_fold", {}).items(), key=lambda kv: _sort_key(kv[1].get("mae")))
+    return [[f, m.get("n"), _num(m.get("mae")), _pct(m.get("nme")), _num(m.get("mae_notta"))] for f, m in items]
+
+
+# summary.json keys before the leaderboard layout (metrics/history.jsonl lines and DVC
+# experiments written then still rank by their figures)
+LEGACY_SUMMARY_KEYS = {"oof_mae": "mae", "oof_nme": "nme", "oof_mae_cal": "mae_cal"}
+
+
+def summary_figures(summary: dict) -> dict:
+    """A summary.json dict under the current names (older layouts renamed)."""
+    return {LEGACY_SUMMARY_KEYS.get(k, k): v for k, v in summary.items()}
+
+
+def read_history(path: Path) -> list[dict]:
+    rows = []
+    if not path.exists():
+        return rows
+    for i, line in enumerate(path.read_text().splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            e = json.loads(line)
+            rows.append({"source": "history", "name": e["timestamp"], "params": dict(e.get("params") or {}),
+                         "summary": summary_figures(dict(e.get("summary") or {}))})
+        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
+            log.warning("%s: line %d is not a history entry, skipped", path, i)
+    return rows
+
+
+def parse_dvc_exp_show(entries: Any, summary_path: str = "metrics/summary.json",
+                       params_file: str = "params.yaml") -> list[dict]:
+    """Rows from `dvc exp show --json` (DVC 3): baselines and their experiments, not the workspace."""
+    from pipeline.core.config import flatten
+
+    rows: list[dict] = []
+
+    def visit(entry: dict) -> None:
+        if not isinstance(entry, dict):
+            return
+        data = entry.get("data") or {}
+        if entry.get("rev") != "workspace" and not entry.get("error") and data:
+            params = ((data.get("params") or {}).get(params_file) or {}).get("data") or {}
+            summary = ((data.get("metrics") or {}).get(summary_path) or {}).get("data") or {}
+            if summary:
+                name = entry.get("name") or str(entry.get("rev", ""))[:7]
+                rows.append({"source": "dvc", "name": name,
+                             "params": flatten({s: params[s] for s in HISTORY_SECTIONS
+                                                 if isinstance(params.get(s), dict)}),
+                             "summary": summary_figures(summary)})
+        for exp in entry.get("experiments") or []:
+            for rev in (exp or {}).get("revs") or []:
+                visit(rev)
+
+    for entry in entries if isinstance(entries, list) else []:
+        visit(entry)
+    return rows
+
+
+def dvc_experiments(summary_path: str = "metrics/summary.json", timeout: float = 120) -> list[dict]:
+    """Experiments via `dvc exp show --json`; [] when DVC is missing, this is no DVC repo,
+    or there are none."""
+    import importlib.util
+
+    if importlib.util.find_spec("dvc") is not None:
+        cmd = [sys.executable, "-m", "dvc"]
+    elif shutil.which("dvc"):
+        cmd = [shutil.which("dvc")]
+    else:
+        log.info("dvc not installed: DVC experiments skipped")
+        return []
+    try:
+        proc = subprocess.run(cmd + ["exp", "show", "--json"], capture_output=True, text=True, timeout=timeout)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        log.info("dvc exp show failed (%s): skipped", type(e).__name__)
+        return []
+    if proc.returncode != 0:
+        msg = (proc.stderr.strip().splitlines() or [""])[-1]
+        log.info("dvc exp show failed: %s", msg)
+        return []
+    text = proc.stdout
+    start = min([i for i in (text.find("["), text.find("{")) if i >= 0], default=-1)
+    try:
+        entries = json.loads(text[start:]) if start >= 0 else []
+    except json.JSONDecodeError:
+        log.info("dvc exp show: output is not JSON, skipped")
+        return []
+    return parse_dvc_exp_show(entries, summary_path)
+
+
+def differing_params(rows: Sequence[dict]) -> list[str]:
+    keys = sorted({k for r in rows for k in r["params"]})
+    out = []
+    for k in keys:
+        vals = {json.dumps(r["params"].get(k, "<unset>"), sort_keys=True, default=str) for r in rows}
+        if len(vals) > 1:
+            out.append(k)
+    return out
+
+
+def experiment_table(rows: Sequence[dict]) -> str:
+    rows = sorted(rows, key=lambda r: _sort_key(r["summary"].get("mae")))
+    diff = differing_params(rows)
+    headers = ["source", "name", "oof_mae", "oof_mae_cal", "oof_nme", "test_mae", "test_mae_uncal"] + diff
+    body = []
+    for r in rows:
+        s = r["summary"]
+        vals = []
+        for k in diff:
+            v = r["params"].get(k, "-")
+            vals.append(json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
+        body.append([r["source"], r["name"], _num(s.get("mae")), _num(s.get("mae_cal")),
+                     _pct(s.get("nme")), _num(s.get("test_mae")), _num(s.get("test_mae_uncal"))] + vals)
+    return format_table(headers, body)
+
+
+def fold_leaderboard(mdir: Path) -> list[str]:
+    """Lines: this run's folds by OOF MAE and its overall figures (oof.json, bias.json)."""
+    oof_path = mdir / "oof.json"
+    if not oof_path.exists():
+        return [f"no {oof_path} (run `pipeline evaluate` first)"]
+    try:
+        oof = json.loads(oof_path.read_text())
+        rows = fold_rows(oof)
+        ov = oof.get("overall", {})
+    except (json.JSONDecodeError, AttributeError, TypeError) as e:
+        raise PipelineError(oof_path, f"not a metrics file from `pipeline evaluate` ({type(e).__name__})") from None
+    bias_path = mdir / "bias.json"
+    cal = json.loads(bias_path.read_text()) if bias_path.exists() else {}
+    return [f"Folds by out-of-fold MAE ({oof_path})",
+            format_table(["fold", "n", "MAE", "NME", "MAE no-TTA"], rows),
+            f"overall: n={ov.get('n')}  MAE {_num(ov.get('mae'))}  NME {_pct(ov.get('nme'))}  "
+            f"MAE no-TTA {_num(ov.get('mae_notta'))}  MAE calibrated {_num(cal.get('oof_mae_cal'))}"
+            + (f"  untrained folds {ov['untrained_folds']}" if ov.get("untrained_folds") else "")]
+
+
+def leaderboard_text(mdir: Path, exps: bool = True) -> str:
+    """The `leaderboard` report: folds of the current run, then every past run
+    (history.jsonl, and DVC experiments when `exps`)."""
+    lines = fold_leaderboard(mdir)
+    runs = read_history(mdir / "history.jsonl")
+    if exps:
+        runs += dvc_experiments((mdir / "summary.json").as_posix())
+    lines.append("")
+    if runs:
+        lines += [f"Runs by out-of-fold MAE ({len(runs)})", experiment_table(runs)]
+    else:
+        lines.append("no past runs (metrics/history.jsonl or DVC experiments)")
+    return "\n".join(lines)
+
+
+@click.command("leaderboard")
+@click.option("--metrics", "metrics_dir", default="metrics", show_default=True,
+              help="folder of oof.json and history.jsonl (from `pipeline evaluate`)")
+@click.option("--exps/--no-exps", default=True, show_default=True,
+              help="also list DVC experiments (`dvc exp show`); history.jsonl is always listed")
+def leaderboard_cmd(metrics_dir, exps):
+    """Folds sorted by OOF MAE, then past runs sorted by OOF MAE with the params that differ."""
+    click.echo(leaderboard_text(Path(metrics_dir), exps))

@@ -1,0 +1,1 @@
+"""The synthetic face set: a face renderer and the competition file layout."""

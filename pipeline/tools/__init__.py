@@ -1,0 +1,1 @@
+"""Commands outside the DVC graph: export, pictures, photo and video inference, benchmarks, leaderboard."""

@@ -1,0 +1,105 @@
+"""`pipeline predict-image`: keypoints for any photo, no box given. Faces are found with
+the best installed face detector (pipeline/detection/detectors.py: MTCNN, dlib HOG, or OpenCV's Haar
+cascade, pipeline/detection/haar.py), each detector box is converted to the box convention the
+models were trained with, and then the normal crop -> model -> map-back path runs
+(inference.predict_boxes: each checkpoint's stamped crop geometry, `predict_original`)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+import logging
+from pathlib import Path
+from typing import Sequence
+
+import click
+import numpy as np
+
+from pipeline.inference.predictor import load_models
+from pipeline.detection.detectors import get_detector, locate_faces
+from pipeline.inference.tta import predict_boxes
+
+log = logging.getLogger(__name__)
+
+
+def annotate(image: np.ndarray, boxes: np.ndarray, points: np.ndarray, schema) -> np.ndarray:
+    """The photo with each face's box and keypoints (coloured by part)."""
+    from pipeline.keypoints.draw import draw_box, draw_points, point_colors, put_label
+    from pipeline.keypoints.geometry import box_corners
+
+    out = image.copy()
+    colors = point_colors(schema)
+    for j, (box, pts) in enumerate(zip(boxes, points)):
+        side = max(box[2], box[3])
+        draw_box(out, box_corners(box), thickness=max(1, round(side / 150)))
+        draw_points(out, pts, colors, radius=max(1.2, side / 90))
+        put_label(out, str(j), (max(0, int(box[0])), max(0, int(box[1]) - 14)))
+    return out
+
+
+def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir: str, tta: str = "flip",
+                      write_csv: bool = False, max_faces: int = 0, device_name: str = "auto",
+                      backend: str = "torch", detector: str = "auto") -> list[dict]:
+    from pipeline.formats.annotations import read_image
+    from pipeline.core.device import resolve_device
+    from pipeline.keypoints.draw import write_png
+    from pipeline.core.io import write_bytes
+    from pipeline.keypoints.schema import schema_from_dict
+
+
+    found = get_detector(detector)  # before the models load: a missing detector fails fast
+    device = resolve_device(device_name)
+    models = load_models(checkpoints, device, backend)
+    schema = schema_from_dict(models[0][1]["schema"])
+    out = Path(out_dir)
+    results, rows, stems = [], [], set()
+    for photo in photos:
+        image = read_image(photo)
+        boxes, haar = locate_faces(image, max_faces, found.name)
+        pts = predict_boxes(image, boxes, models, tta, device) if len(boxes) else np.zeros((0, schema.k, 2))
+        if not len(boxes):
+            log.warning("%s: no face found", photo)
+        stem = Path(photo).stem
+        if stem in stems:  # two photos of one name from different folders
+            stem = next(f"{stem}-{i}" for i in range(2, len(photos) + 2) if f"{stem}-{i}" not in stems)
+        stems.add(stem)
+        write_png(out / f"{stem}_keypoints.png", annotate(image, boxes, pts, schema))
+        faces = [{"box": [round(float(v), 2) for v in b], "detector_box": [round(float(v), 2) for v in h],
+                  "points": np.round(p, 3).tolist()} for b, h, p in zip(boxes, haar, pts)]
+        res = {"image": str(photo), "width": int(image.shape[1]), "height": int(image.shape[0]),
+               "detector": found.description, "schema": schema.name, "names": list(schema.names),
+               "checkpoints": [str(c) for c in checkpoints], "tta": tta, "n_faces": len(faces), "faces": faces}
+        write_bytes(out / f"{stem}_keypoints.json", (json.dumps(res, indent=1) + "\n").encode())
+        results.append(res)
+        for j, (b, p) in enumerate(zip(boxes, pts)):
+            rows.append([str(photo), j, *[f"{v:.2f}" for v in b], *[f"{v:.3f}" for v in p.reshape(-1)]])
+        log.info("%s: %d face(s) -> %s", photo, len(faces), out / f"{stem}_keypoints.png")
+    if write_csv:
+        buf = io.StringIO()
+        w = csv.writer(buf, lineterminator="\n")
+        w.writerow(["image", "face", "box_left", "box_top", "box_width", "box_height"]
+                   + [f"{c}{i}" for i in range(schema.k) for c in ("x", "y")])
+        w.writerows(rows)
+        write_bytes(out / "keypoints.csv", buf.getvalue().encode())
+    return results
+
+
+@click.command("predict-image")
+@click.argument("photos", nargs=-1, required=True)
+@click.option("--checkpoint", "checkpoints", multiple=True, required=True,
+              help="model checkpoint or exported .onnx (repeatable: predictions are averaged)")
+@click.option("--out-dir", default="out", show_default=True)
+@click.option("--tta", type=click.Choice(["flip", "none"]), default="flip", show_default=True)
+@click.option("--csv", "write_csv", is_flag=True, help="also write <out-dir>/keypoints.csv (one row per face)")
+@click.option("--max-faces", default=0, show_default=True, help="keep the largest N faces per photo (0: all)")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
+              help="onnx: onnxruntime on the CPU (a .onnx --checkpoint always runs there)")
+@click.option("--detector", type=click.Choice(["auto", "mtcnn", "dlib", "haar"]), default="auto", show_default=True,
+              help="face detector (auto: the first installed of mtcnn, dlib, haar)")
+def predict_image_cmd(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector):
+    """Keypoints for any photo: face detection, then crop -> model -> photo pixels.
+    Writes <stem>_keypoints.png and <stem>_keypoints.json per photo."""
+    for r in run_predict_image(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector):
+        click.echo(f"{r['image']}: {r['n_faces']} face(s)")

@@ -1,0 +1,1 @@
+"""The training data path (augmentation, loader), losses, and the training loop."""
