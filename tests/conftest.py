@@ -2,11 +2,15 @@
 ibug300w-mini set when ../shared is present (tests that need it skip otherwise)."""
 
 import ast
+import struct
 from pathlib import Path
 
+import cv2
+import numpy as np
 import pytest
 
 from pipeline.core.config import load_config
+from pipeline.formats.annotations import xml_text
 
 REPO = Path(__file__).resolve().parents[1]
 REAL = REPO.parent / "shared" / "data" / "ibug300w-mini"
@@ -26,7 +30,7 @@ def real_dir() -> Path:
 
 @pytest.fixture(scope="session")
 def demo_dir(tmp_path_factory) -> Path:
-    from pipeline.stages.demo import generate_demo
+    from pipeline.synth.layout import generate_demo
 
     return generate_demo(tmp_path_factory.mktemp("demo") / "demo", n_train=48, n_test=8, seed=3)
 
@@ -48,32 +52,11 @@ def tiny_workspace(tmp_path_factory, demo_dir) -> Path:
     return ws
 
 
-def _xml_text(entries) -> str:
-    """imglab XML for entries [(file, [(box (l, t, w, h), parts or None), ...])]; parts is an
-    (K, 2) array (named 00..) or a list of (name, x, y) with raw attribute strings."""
-    lines = ["<?xml version='1.0' encoding='ISO-8859-1'?>", "<dataset>", "<images>"]
-    for file, boxes in entries:
-        lines.append(f"  <image file='{file}'>")
-        for box, parts in boxes:
-            attrs = "top='{1}' left='{0}' width='{2}' height='{3}'".format(*box)
-            if parts is None:
-                lines.append(f"    <box {attrs}/>")
-                continue
-            lines.append(f"    <box {attrs}>")
-            if not isinstance(parts, list):
-                parts = [(f"{i:02d}", x, y) for i, (x, y) in enumerate(parts.tolist())]
-            lines += [f"      <part name='{n}' x='{x}' y='{y}'/>" for n, x, y in parts]
-            lines.append("    </box>")
-        lines.append("  </image>")
-    lines += ["</images>", "</dataset>", ""]
-    return "\n".join(lines)
-
-
 @pytest.fixture
 def make_dataset(tmp_path):
     """Factory for small on-disk data sets in the competition layout:
     make_dataset(images={rel: RGB uint8 array | bytes}, train=entries, test=entries) -> folder.
-    Arrays are written with cv2.imwrite (by extension); entries as for `_xml_text`; a str
+    Arrays are written with cv2.imwrite (by extension); entries as for `xml_text`; a str
     for train/test is written verbatim (for malformed files). Returns the folder."""
     import cv2
     import numpy as np
@@ -96,7 +79,7 @@ def make_dataset(tmp_path):
                 assert cv2.imwrite(str(p), arr), p
         for fname, entries in (("labels_ibug_300W_train.xml", train), ("labels_ibug_300W_test_parsed.xml", test)):
             if entries is not None:
-                (root / fname).write_text(entries if isinstance(entries, str) else _xml_text(entries))
+                (root / fname).write_text(entries if isinstance(entries, str) else xml_text(entries))
         return root
 
     return make
@@ -105,7 +88,7 @@ def make_dataset(tmp_path):
 @pytest.fixture
 def face_points():
     """A plausible (68, 2) face inside box (40, 40, 80, 90): the demo template, placed."""
-    from pipeline.stages.demo import TEMPLATE
+    from pipeline.synth.face import TEMPLATE
 
     pts = TEMPLATE[:, :2].copy()
     return (pts - pts.min(0)) / (pts.max(0) - pts.min(0)) * [80, 90] + [40, 40]
@@ -155,3 +138,132 @@ def module_imports(path: Path, mod: str) -> set[str]:
             out.add(base)
             out |= {f"{base}.{a.name}" for a in node.names}  # `from pipeline import x` may be a module
     return {m for m in out if m.split(".")[0] == "pipeline"}
+
+
+# ------------------------------------------------------------------ pictures (tests/tools, tests/formats)
+
+@pytest.fixture(scope="session")
+def viz_ws(tiny_workspace, demo_dir, tmp_path_factory):
+    """tiny_workspace + a 1-epoch resunet-tiny (32 px) for fold 0, its predictions
+    (test.npz, oof.npz as `pipeline predict` lays them out) and a regression checkpoint."""
+    import torch
+
+    from pipeline.formats.cache import load_cache
+    from pipeline.formats.checkpoint import load_model, save_checkpoint
+    from pipeline.inference.tta import predict_original
+    from pipeline.keypoints.schema import IBUG68
+    from pipeline.models import create_model
+    from pipeline.stages.train import fit
+
+    ws = tiny_workspace
+    out = tmp_path_factory.mktemp("vizws")
+    cfg = load_config(None, [f"data.dir={demo_dir}", "crop.side=32", "model.input_size=32", "train.epochs=1",
+                             "train.batch_size=16", "train.device=cpu", "folds.k=2"])
+    fit(cfg, 0, ws / "cache", ws / "folds.csv", out / "models", resume=False)
+    ckpt_path = out / "models" / "fold0" / "best.pt"
+    model, ckpt = load_model(ckpt_path, "cpu")
+    train, test = load_cache(ws / "cache" / "train"), load_cache(ws / "cache" / "test")
+    import pandas as pd
+
+    fold = pd.read_csv(ws / "folds.csv")["fold"].to_numpy()
+    dev = torch.device("cpu")
+    ens = predict_original(model, ckpt, test.faces, test.crop_to_orig, "flip", 64, dev)["final"]
+    val = np.flatnonzero(fold == 0)
+    tta = np.full((len(train), 68, 2), np.nan)
+    tta[val] = predict_original(model, ckpt, train.faces[val], train.crop_to_orig[val], "flip", 64, dev)["tta"]
+    (out / "pred").mkdir()
+    np.savez(out / "pred" / "test.npz", ensemble=ens, per_fold=ens[None], folds=np.array([0]))
+    np.savez(out / "pred" / "oof.npz", tta=tta, plain=tta, fold=fold)
+    reg = create_model("vgg-seed", 68, 3, 32)
+    save_checkpoint(out / "reg.pt", {"model_config": reg.config, "model": reg.state_dict(), "epoch": 0,
+                                     "schema": IBUG68.to_dict(), "config": cfg, "best_mae": 0.0})
+    return {"cache": ws / "cache", "pred": out / "pred", "ckpt": ckpt_path, "reg": out / "reg.pt",
+            "data": demo_dir, "n_val": len(val)}
+
+
+
+
+def check_picture(path, shape=None, min_std=8.0, min_colors=20):
+    img = cv2.imread(str(path), cv2.IMREAD_COLOR)
+    assert img is not None, f"{path} does not decode"
+    if shape is not None:
+        assert img.shape[:2] == tuple(shape)
+    assert img.std() > min_std
+    assert len(np.unique(img.reshape(-1, 3), axis=0)) >= min_colors
+    return img
+
+
+def lzw_decode(data: bytes, min_code_size: int) -> bytes:
+    """Independent GIF LZW decoder (giflib's rules: widen after the code that fills the
+    width, table full at 4096)."""
+    clear, eoi = 1 << min_code_size, (1 << min_code_size) + 1
+    bits, total, pos = int.from_bytes(data, "little"), len(data) * 8, 0
+    out, width, table, prev, nxt = bytearray(), min_code_size + 1, {}, None, eoi + 1
+    while True:
+        assert pos + width <= total, "no end-of-information code"
+        code = (bits >> pos) & ((1 << width) - 1)
+        pos += width
+        if code == clear:
+            table = {i: bytes([i]) for i in range(clear)}
+            width, prev, nxt = min_code_size + 1, None, eoi + 1
+            continue
+        if code == eoi:
+            return bytes(out)
+        if prev is None:
+            entry = table[code]
+        else:
+            if code in table:
+                entry = table[code]
+            else:
+                assert code == nxt, f"bad code {code}"
+                entry = table[prev] + table[prev][:1]
+            if nxt < 4096:
+                table[nxt] = table[prev] + entry[:1]
+                nxt += 1
+                if nxt == 1 << width and width < 12:
+                    width += 1
+        out += entry
+        prev = code
+
+
+def parse_gif(data: bytes):
+    """Walk the GIF block structure: (width, height, global palette, loop, [(delay, indices)])."""
+    assert data[:6] == b"GIF89a"
+    w, h, packed, _, _ = struct.unpack("<HHBBB", data[6:13])
+    pos, pal = 13, None
+    if packed & 0x80:
+        n = 2 << (packed & 7)
+        pal = np.frombuffer(data[pos:pos + 3 * n], np.uint8).reshape(n, 3)
+        pos += 3 * n
+    frames, loop, delay = [], None, None
+
+    def sub_blocks(pos):
+        chunks = []
+        while data[pos]:
+            chunks.append(data[pos + 1:pos + 1 + data[pos]])
+            pos += 1 + data[pos]
+        return b"".join(chunks), pos + 1
+
+    while True:
+        b = data[pos]
+        if b == 0x3B:
+            assert pos == len(data) - 1, "bytes after the trailer"
+            break
+        if b == 0x21:
+            label = data[pos + 1]
+            body, pos = sub_blocks(pos + 2)
+            if label == 0xFF and body.startswith(b"NETSCAPE2.0"):
+                loop = struct.unpack("<H", body[12:14])[0]  # "NETSCAPE2.0", 1, loop
+            elif label == 0xF9:
+                delay = struct.unpack("<H", body[1:3])[0]
+        elif b == 0x2C:  # image descriptor
+            _, _, fw, fh, fpacked = struct.unpack("<HHHHB", data[pos + 1:pos + 10])
+            assert (fw, fh) == (w, h) and fpacked == 0
+            mcs = data[pos + 10]
+            lzw, pos = sub_blocks(pos + 11)
+            idx = np.frombuffer(lzw_decode(lzw, mcs), np.uint8)
+            assert idx.size == w * h
+            frames.append((delay, idx.reshape(h, w)))
+        else:
+            raise AssertionError(f"unknown block 0x{b:02x} at {pos}")
+    return w, h, pal, loop, frames

@@ -23,10 +23,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from conftest import REPO
+
 TRAIN_XML = "labels_ibug_300W_train.xml"
 TEST_XML = "labels_ibug_300W_test_parsed.xml"
 CROP_SETS = ["--set", "crop.side=32", "--set", "crop.n_jobs=1"]
-REPO = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -546,8 +547,8 @@ def folds_rows_missing_predict(tmp, tiny_workspace):
 def _ibug68_checkpoint(path: Path, side: int, expand: float) -> Path:
     import torch
 
-    from pipeline.models import create_model
     from pipeline.keypoints.schema import IBUG68
+    from pipeline.models import create_model
 
     model = create_model("resunet-tiny", 68, in_chans=3, input_size=32)
     torch.save({"model_config": model.config, "model": model.state_dict(), "schema": IBUG68.to_dict(),

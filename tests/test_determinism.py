@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import yaml
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
 
 PARAMS = {
     "data": {"dir": "demo"},

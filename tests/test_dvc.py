@@ -21,10 +21,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import module_file, module_imports
 from pipeline.cli import COMMANDS
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO, module_file, module_imports
+
 # argument parsing and error formatting: no output depends on them
 NOT_CODE_DEPS = {"pipeline/__init__.py", "pipeline/__main__.py", "pipeline/cli.py", "pipeline/core/errors.py"}
 

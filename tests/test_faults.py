@@ -23,7 +23,8 @@ import yaml
 
 from pipeline.formats.checkpoint import load_checkpoint
 
-REPO = Path(__file__).resolve().parents[1]
+from conftest import REPO
+
 EPOCHS = 5
 SETS = ["crop.side=32", "model.input_size=32", "train.batch_size=8", f"train.epochs={EPOCHS}",
         "train.warmup_epochs=1", "folds.k=2", "folds.train=[0,1]", "train.randaug_n=1", "train.device=cpu"]

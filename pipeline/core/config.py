@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import os
+import re
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -75,7 +77,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "loss": "l1",  # l1 | l2 | mse | euclidean
         "structure_lambda": 0.2,  # weight of the structure loss (0 disables)
         # losses on coordinates scaled to [-1, 1] (errors / half the input size), as in the
-        # integral-regression papers: the seed's SGD lr 0.8 assumes this scale
+        # integral-regression papers: the SGD lr 0.8 of recipes/gpu.yaml assumes this scale
         "normalize_coords": True,
         "heatmap_lambda": 1.0,  # weight of the DSNT heatmap regulariser (JS to a Gaussian), 0 = off
         "heatmap_sigma": 1.0,  # its Gaussian's sigma in heatmap pixels
@@ -151,8 +153,6 @@ RANGES: dict[str, tuple[Any, str]] = {
 
 
 def _regex_with_photo(pattern: str) -> bool:
-    import re
-
     try:
         return "photo" in re.compile(pattern).groupindex
     except re.error:
@@ -170,8 +170,6 @@ def _is_switch(key: str) -> bool:
 
 
 def _check_range(key: str, value: Any, source: str) -> None:
-    import math
-
     if isinstance(value, float) and not math.isfinite(value):
         raise PipelineError(source, f"'{key}' must be a finite number, got {value!r}")
     if key in RANGES and value is not None:

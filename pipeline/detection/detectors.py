@@ -18,15 +18,23 @@ from __future__ import annotations
 
 import importlib.util
 import logging
-import os
-import time
-from pathlib import Path
 from typing import Callable
 
 import cv2
 import numpy as np
+import torch
 
 from pipeline.core.errors import PipelineError
+from pipeline.detection.boxes import to_box
+from pipeline.detection.haar import (
+    HAAR_MAX_SIDE,
+    HAAR_MIN_FRACTION,
+    HAAR_MIN_PX,
+    HAAR_TO_BOX,
+    cascade_available,
+    detect_faces,
+    require_cascade,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +55,7 @@ MTCNN_MIN_PROB = 0.95
 # came from a dlib detector, so its boxes need the smallest correction.
 # Haar: see pipeline.detection.haar.HAAR_TO_BOX.
 TO_BOX = {
+    "haar": HAAR_TO_BOX,
     "mtcnn": {"w_scale": 1.02, "h_scale": 0.86, "dx": 0.0, "dy": 0.10},
     "dlib": {"w_scale": 0.955, "h_scale": 1.05, "dx": 0.0, "dy": 0.025},
 }
@@ -59,8 +68,6 @@ INSTALL = {"mtcnn": "pip install --no-deps facenet-pytorch (see README: its pins
 
 def available(name: str) -> bool:
     if name == "haar":
-        from pipeline.detection.haar import cascade_available
-
         return cascade_available()
     module = {"mtcnn": "facenet_pytorch", "dlib": "dlib"}[name]
     return importlib.util.find_spec(module) is not None
@@ -81,8 +88,6 @@ def resolve(name: str | None = "auto") -> str:
 
 def _scaled(image: np.ndarray) -> tuple[np.ndarray, float]:
     """The photo at most HAAR_MAX_SIDE px on its longer side, and that scale (<= 1)."""
-    from pipeline.detection.haar import HAAR_MAX_SIDE
-
     h, w = image.shape[:2]
     scale = min(1.0, HAAR_MAX_SIDE / max(h, w))
     if scale < 1.0:
@@ -91,8 +96,6 @@ def _scaled(image: np.ndarray) -> tuple[np.ndarray, float]:
 
 
 def _min_side(image: np.ndarray) -> int:
-    from pipeline.detection.haar import HAAR_MIN_FRACTION, HAAR_MIN_PX
-
     return max(HAAR_MIN_PX, int(HAAR_MIN_FRACTION * min(image.shape[:2])))
 
 
@@ -103,7 +106,6 @@ def _largest_first(boxes: np.ndarray, min_side: float) -> np.ndarray:
 
 
 def _mtcnn() -> Callable[[np.ndarray], np.ndarray]:
-    import torch
     from facenet_pytorch import MTCNN  # weights: facenet_pytorch/data/{p,r,o}net.pt, in the wheel
 
     net = MTCNN(keep_all=True, device="cpu", post_process=False)
@@ -142,13 +144,11 @@ class Detector:
     """`detector(image)` -> (boxes in the training convention (M, 4), raw boxes (M, 4))."""
 
     def __init__(self, name: str):
-        from pipeline.detection.haar import HAAR_TO_BOX, detect_faces, require_cascade
-
         self.name = name
         self.description = DESCRIPTION[name]
         if name == "haar":
             require_cascade()
-            self.raw, self.to_box = detect_faces, HAAR_TO_BOX
+            self.raw, self.to_box = detect_faces, TO_BOX[name]
             return
         if not available(name):
             raise PipelineError(None, f"face detector '{name}' is not installed: {INSTALL[name]}")
@@ -156,12 +156,10 @@ class Detector:
         self.to_box = TO_BOX[name]
 
     def __call__(self, image: np.ndarray, max_faces: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        from pipeline.detection.haar import haar_to_box
-
         raw = self.raw(image)
         if max_faces > 0:
             raw = raw[:max_faces]
-        return haar_to_box(raw, self.to_box), raw
+        return to_box(raw, self.to_box), raw
 
 
 _LOADED: dict[str, Detector] = {}
@@ -174,92 +172,6 @@ def get_detector(name: str | None = "auto") -> Detector:
         _LOADED[name] = Detector(name)
         log.info("face detector: %s", _LOADED[name].description)
     return _LOADED[name]
-
-
-# ------------------------------------------------------------------------------ measuring
-
-def _photos(xml_path: Path, limit: int | None) -> list[tuple[str, np.ndarray]]:
-    """[(image file, its XML boxes (G, 4))], one entry per image file of the XML."""
-    from pipeline.formats.annotations import load_xml
-    from pipeline.keypoints.schema import IBUG68
-
-    by_image: dict[str, list] = {}
-    for f in load_xml(xml_path, IBUG68, require_parts=False):
-        by_image.setdefault(f.image, []).append(f.box)
-    return [(k, np.asarray(v, dtype=np.float64)) for k, v in list(by_image.items())[:limit or None]]
-
-
-def match(gt: np.ndarray, det: np.ndarray, min_iou: float) -> list[tuple[int, int, float]]:
-    """Greedy one-to-one matching, best IoU first: [(gt index, det index, IoU >= min_iou)]."""
-    from pipeline.detection.haar import iou
-
-    if not len(gt) or not len(det):
-        return []
-    m = iou(gt, det)  # (G, D)
-    pairs, used_g, used_d = [], set(), set()
-    for flat in np.argsort(-m, axis=None, kind="stable"):
-        g, d = np.unravel_index(flat, m.shape)
-        if m[g, d] < min_iou:
-            break
-        if g in used_g or d in used_d:
-            continue
-        used_g.add(int(g))
-        used_d.add(int(d))
-        pairs.append((int(g), int(d), float(m[g, d])))
-    return pairs
-
-
-def calibrate(xml_path: str | os.PathLike, detector: str = "haar", min_iou: float = 0.3,
-              limit: int | None = None) -> dict:
-    """Measure a detector's box -> training box constants on a labelled XML: every XML box
-    matched to a detection (IoU >= min_iou), medians of width / height ratios and of the
-    centre offsets in detector box widths."""
-    xml_path = Path(xml_path)
-    det_fn = get_detector(detector)
-    from pipeline.formats.annotations import read_image, safe_image_path
-
-    gts, dets = [], []
-    n_boxes = 0
-    for rel, gt in _photos(xml_path, limit):
-        det = det_fn.raw(read_image(safe_image_path(xml_path.parent, rel, xml_path)))
-        n_boxes += len(gt)
-        for g, d, _ in match(gt, det, min_iou):
-            gts.append(gt[g])
-            dets.append(det[d])
-    if not gts:
-        raise PipelineError(xml_path, f"no {detector} detection matched any box")
-    gt, det = np.array(gts), np.array(dets)
-    s = det[:, 2]
-    c = {"w_scale": float(np.median(gt[:, 2] / s)), "h_scale": float(np.median(gt[:, 3] / det[:, 3])),
-         "dx": float(np.median(((gt[:, 0] + gt[:, 2] / 2) - (det[:, 0] + det[:, 2] / 2)) / s)),
-         "dy": float(np.median(((gt[:, 1] + gt[:, 3] / 2) - (det[:, 1] + det[:, 3] / 2)) / s))}
-    return {"detector": detector, "boxes": n_boxes, "matched": len(gt), "constants": c}
-
-
-def evaluate(xml_path: str | os.PathLike, detector: str, min_iou: float = 0.5, limit: int | None = None) -> dict:
-    """Recall of the XML boxes by converted detections at IoU >= min_iou (one-to-one),
-    unmatched detections per photo, photos/s (detection only, decoding not timed)."""
-    from pipeline.formats.annotations import read_image, safe_image_path
-
-    xml_path = Path(xml_path)
-    det = get_detector(detector)
-    photos = _photos(xml_path, limit)
-    images = [(read_image(safe_image_path(xml_path.parent, rel, xml_path)), gt) for rel, gt in photos]
-    det(images[0][0])  # warm-up (lazy initialisation, first-call allocations)
-    n_gt = n_hit = n_unmatched = 0
-    ious, spent = [], 0.0
-    for image, gt in images:
-        t0 = time.perf_counter()
-        boxes, _ = det(image)
-        spent += time.perf_counter() - t0
-        pairs = match(gt, boxes, min_iou)
-        n_gt += len(gt)
-        n_hit += len(pairs)
-        n_unmatched += len(boxes) - len(pairs)
-        ious += [p[2] for p in pairs]
-    return {"detector": det.description, "photos": len(images), "boxes": n_gt, "recall": n_hit / max(n_gt, 1),
-            "unmatched_per_photo": n_unmatched / max(len(images), 1),
-            "median_iou": float(np.median(ious)) if ious else 0.0, "photos_per_s": len(images) / max(spent, 1e-9)}
 
 
 def locate_faces(image: np.ndarray, max_faces: int = 0, detector: str | None = "auto") -> tuple[np.ndarray, np.ndarray]:

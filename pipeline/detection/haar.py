@@ -9,14 +9,12 @@ it on a labelled XML."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import cv2
 import numpy as np
 
 from pipeline.core.errors import PipelineError
-
 
 HAAR_FILE = "haarcascade_frontalface_default.xml"
 
@@ -91,84 +89,6 @@ def detect_faces(image: np.ndarray) -> np.ndarray:
                                       minSize=(min_side, min_side))
     boxes = np.asarray(found, dtype=np.float64).reshape(-1, 4) / scale
     return boxes[np.argsort(-boxes[:, 2] * boxes[:, 3], kind="stable")]
-
-
-def haar_to_box(haar: np.ndarray, c: dict | None = None) -> np.ndarray:
-    """(M, 4) Haar boxes -> (M, 4) boxes in the training convention [left, top, w, h]."""
-    c = c or HAAR_TO_BOX
-    haar = np.asarray(haar, dtype=np.float64).reshape(-1, 4)
-    s = haar[:, 2]
-    cx = haar[:, 0] + haar[:, 2] / 2 + c["dx"] * s
-    cy = haar[:, 1] + haar[:, 3] / 2 + c["dy"] * s
-    w, h = c["w_scale"] * haar[:, 2], c["h_scale"] * haar[:, 3]
-    return np.stack([cx - w / 2, cy - h / 2, w, h], axis=1)
-
-
-def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """IoU matrix (M, N) of [x, y, w, h] boxes a (M, 4) and b (N, 4)."""
-    a, b = np.asarray(a, dtype=np.float64).reshape(-1, 4), np.asarray(b, dtype=np.float64).reshape(-1, 4)
-    x0 = np.maximum(a[:, None, 0], b[None, :, 0])
-    y0 = np.maximum(a[:, None, 1], b[None, :, 1])
-    x1 = np.minimum(a[:, None, 0] + a[:, None, 2], b[None, :, 0] + b[None, :, 2])
-    y1 = np.minimum(a[:, None, 1] + a[:, None, 3], b[None, :, 1] + b[None, :, 3])
-    inter = np.clip(x1 - x0, 0, None) * np.clip(y1 - y0, 0, None)
-    union = (a[:, 2] * a[:, 3])[:, None] + (b[:, 2] * b[:, 3])[None, :] - inter
-    return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
-
-
-def calibrate(xml_path: str | os.PathLike, min_iou: float = 0.3, limit: int | None = None) -> dict:
-    """Measure HAAR_TO_BOX on a labelled XML: Haar on each photo, every XML box matched to
-    its highest-IoU detection (>= min_iou), medians of width/height ratios and of the
-    centre offsets (in Haar box sides). Returns the constants and the comparison numbers
-    (detection rate, median IoU of raw and of converted boxes)."""
-    from pipeline.formats.annotations import load_xml, read_image, safe_image_path
-    from pipeline.keypoints.schema import IBUG68
-
-    xml_path = Path(xml_path)
-    faces = load_xml(xml_path, IBUG68, require_parts=False)
-    by_image: dict[str, list] = {}
-    for f in faces:
-        by_image.setdefault(f.image, []).append(f.box)
-    items = list(by_image.items())[:limit or None]
-    pairs, raw_iou, n_boxes, n_det, n_false = [], [], 0, 0, 0
-    for rel, boxes in items:
-        img = read_image(safe_image_path(xml_path.parent, rel, xml_path))
-        det = detect_faces(img)
-        gt = np.asarray(boxes, dtype=np.float64)
-        n_boxes += len(gt)
-        n_det += len(det)
-        if not len(det):
-            continue
-        m = iou(gt, det)  # (G, D)
-        used = set()
-        for g in np.argsort(-m.max(1)):
-            d = int(np.argmax(m[g]))
-            if m[g, d] >= min_iou and d not in used:
-                used.add(d)
-                pairs.append((gt[g], det[d]))
-                raw_iou.append(m[g, d])
-        n_false += len(det) - len(used)
-    if not pairs:
-        raise PipelineError(xml_path, "no Haar detection matched any box")
-    gt = np.array([p[0] for p in pairs])
-    det = np.array([p[1] for p in pairs])
-    s = det[:, 2]
-    c = {"w_scale": float(np.median(gt[:, 2] / s)), "h_scale": float(np.median(gt[:, 3] / det[:, 3])),
-         "dx": float(np.median(((gt[:, 0] + gt[:, 2] / 2) - (det[:, 0] + det[:, 2] / 2)) / s)),
-         "dy": float(np.median(((gt[:, 1] + gt[:, 3] / 2) - (det[:, 1] + det[:, 3] / 2)) / s))}
-    conv = haar_to_box(det, c)
-    conv_iou = np.array([iou(g, b)[0, 0] for g, b in zip(gt, conv)])
-    fixed = haar_to_box(det)
-    fixed_iou = np.array([iou(g, b)[0, 0] for g, b in zip(gt, fixed)])
-    return {"photos": len(items), "boxes": n_boxes, "detections": n_det, "matched": len(pairs),
-            "detection_rate": len(pairs) / n_boxes, "unmatched_detections": n_false,
-            "median_iou_raw": float(np.median(raw_iou)), "median_iou_converted": float(np.median(conv_iou)),
-            "median_iou_hardcoded": float(np.median(fixed_iou)),
-            "iou_converted_ge_0.5": float(np.mean(conv_iou >= 0.5)),
-            "iou_hardcoded_ge_0.5": float(np.mean(fixed_iou >= 0.5)), "constants": c,
-            "iqr": {"w_scale": np.percentile(gt[:, 2] / s, [25, 75]).round(3).tolist(),
-                    "dy": np.percentile(((gt[:, 1] + gt[:, 3] / 2) - (det[:, 1] + det[:, 3] / 2)) / s,
-                                        [25, 75]).round(3).tolist()}}
 
 
 def cascade_available() -> bool:

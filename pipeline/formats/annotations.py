@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import os
 import re
+import struct
 import warnings
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -226,8 +227,6 @@ MAX_IMAGE_PIXELS = 100_000_000  # 10000 x 10000: no photo of a face is larger
 def declared_size(data: np.ndarray) -> tuple[int, int] | None:
     """(width, height) a PNG or JPEG header declares, read without decoding; None for
     other formats or a header too short to tell."""
-    import struct
-
     b = bytes(data[:65536])
     if b[:8] == b"\x89PNG\r\n\x1a\n" and b[12:16] == b"IHDR" and len(b) >= 24:
         return struct.unpack(">II", b[16:24])
@@ -281,6 +280,31 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     if img.shape[2] in (1, 2):  # gray, gray + alpha
         return cv2.cvtColor(np.ascontiguousarray(img[:, :, 0]), cv2.COLOR_GRAY2RGB)
     return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
+
+
+def xml_text(entries: list, name: str | None = None, comment: str | None = None) -> str:
+    """imglab XML for entries [(image file, [(box (left, top, width, height), parts), ...])];
+    parts: None (a box only), a (K, 2) array (points named 00, 01, ...; written as its values
+    are: integers or floats) or a list of (name, x, y) with raw attribute strings."""
+    lines = ["<?xml version='1.0' encoding='ISO-8859-1'?>",
+             "<?xml-stylesheet type='text/xsl' href='image_metadata_stylesheet.xsl'?>", "<dataset>"]
+    lines += [f"<name>{name}</name>"] * (name is not None) + [f"<comment>{comment}</comment>"] * (comment is not None)
+    lines.append("<images>")
+    for file, boxes in entries:
+        lines.append(f"  <image file='{file}'>")
+        for box, parts in boxes:
+            attrs = "top='{1}' left='{0}' width='{2}' height='{3}'".format(*box)
+            if parts is None:
+                lines.append(f"    <box {attrs}/>")
+                continue
+            lines.append(f"    <box {attrs}>")
+            if not isinstance(parts, list):
+                parts = [(f"{i:02d}", x, y) for i, (x, y) in enumerate(np.asarray(parts).tolist())]
+            lines += [f"      <part name='{n}' x='{x}' y='{y}'/>" for n, x, y in parts]
+            lines.append("    </box>")
+        lines.append("  </image>")
+    lines += ["</images>", "</dataset>"]
+    return "\n".join(lines) + "\n"
 
 
 # ------------------------------------------------------------------ the faces' pixels

@@ -16,14 +16,14 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pandas as pd
 
 from pipeline.core.errors import PipelineError
-from pipeline.keypoints.geometry import to_crop
 from pipeline.core.io import write_json, write_npy, write_text
+from pipeline.core.paths import DEMO_DIR
+from pipeline.keypoints.geometry import to_crop
 from pipeline.keypoints.schema import KeypointSchema, schema_from_dict
 
-
-DEMO_DIR = "data/demo"  # where `pipeline demo-data` writes; crop reads it when data.dir is null
 CACHE_MARKER = "info.json"  # written last: a folder holding it is a complete cache split
 
 
@@ -63,8 +63,6 @@ def write_cache_split(folder: Path, faces: list, crops: np.ndarray, crop_to_orig
     run's params): `faces` (dataset.Face list, in XML order),
     their crops (N, side, side, 3) uint8, transforms (N, 2, 3), photo (width, height)
     (N, 2); `run` ties the split to the other split of the same crop run."""
-    import pandas as pd
-
     folder.mkdir(exist_ok=True)
     write_npy(folder / "faces.npy", crops)
     write_npy(folder / "crop_to_orig.npy", crop_to_orig)
@@ -119,8 +117,6 @@ def read_info(split: str | os.PathLike) -> tuple[dict, KeypointSchema]:
 
 def read_meta(split: str | os.PathLike, columns=("index", "face_id", "group")):
     """meta.csv of a cache split (pandas DataFrame, text columns kept as text)."""
-    import pandas as pd
-
     path = Path(split) / "meta.csv"
     if not path.exists():
         raise PipelineError(path, "not found (run `pipeline crop` first)")

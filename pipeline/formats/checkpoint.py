@@ -15,6 +15,7 @@ import torch
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import torch_save
+from pipeline.models import build_model
 
 REQUIRED = ("model_config", "model", "schema", "epoch")
 
@@ -66,8 +67,6 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
 
 def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", schema=None):
     """(model in eval mode on `device`, checkpoint dict)."""
-    from pipeline.models import build_model
-
     ckpt = load_checkpoint(path, "cpu", schema)
     try:
         model = build_model(ckpt["model_config"])
@@ -84,24 +83,15 @@ def checkpoint_crop(ckpt: dict[str, Any], where: str | os.PathLike | None = None
     """(crop size, crop expand) the checkpoint's model was trained on: the single reader of
     a checkpoint's crop geometry (predict, predict-image, heatmaps, morph, bench, export).
 
-    `ckpt["crop"]` is stamped at training from the cache the model actually saw; the params
-    it was trained with (`ckpt["config"]["crop"]`) may name another size than that cache,
-    so they are only the fallback for checkpoints written before the stamp, and the
-    built-in defaults after that. An exported model's JSON carries the same "crop" key."""
-    from pipeline.core.config import DEFAULTS
-
+    `ckpt["crop"]` is stamped at training from the cache the model actually saw (the params
+    it was trained with may name another size than that cache). An exported model's JSON
+    carries the same "crop" key."""
     geo = ckpt.get("crop")
-    if not isinstance(geo, dict):
-        cfg = ckpt.get("config")
-        geo = cfg.get("crop") if isinstance(cfg, dict) else None
-    if not isinstance(geo, dict):
-        geo = DEFAULTS["crop"]
     try:
-        # the stamp says "size"; params say "side" (renamed from "size" for DVC's run cache)
-        size = int(geo.get("size", geo.get("side", DEFAULTS["crop"]["side"])))
-        expand = float(geo.get("expand", DEFAULTS["crop"]["expand"]))
-    except (TypeError, ValueError):
-        raise PipelineError(where, f"bad crop geometry {geo!r} in the checkpoint") from None
+        size, expand = int(geo["size"]), float(geo["expand"])
+    except (TypeError, KeyError, ValueError):
+        raise PipelineError(where, f"bad crop geometry {geo!r} in the checkpoint "
+                                   "(expects crop: {size, expand})") from None
     if size < 1 or not expand > 0:
         raise PipelineError(where, f"bad crop geometry (size {size}, expand {expand}) in the checkpoint")
     return size, expand
@@ -110,6 +100,5 @@ def checkpoint_crop(ckpt: dict[str, Any], where: str | os.PathLike | None = None
 def checkpoint_label_origin(ckpt: dict[str, Any]) -> float:
     """The pixel-centre origin of the labels the model was trained on (data.label_origin of
     its cache): predictions, computed on 0-based pixel centres, are shifted by it to come
-    out in the labels' convention. 0 for checkpoints made before it was stamped."""
-    geo = ckpt.get("crop")
-    return float(geo.get("label_origin", 0.0)) if isinstance(geo, dict) else 0.0
+    out in the labels' convention."""
+    return float(ckpt["crop"]["label_origin"])

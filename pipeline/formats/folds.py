@@ -6,18 +6,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import write_text
-
 
 COLUMNS = ["index", "face_id", "group", "fold"]
 
 
 def write_folds(path: str | Path, meta, groups, fold: np.ndarray) -> None:
     """One row per face of the cache's `meta` (cache order): its photo group and fold."""
-    import pandas as pd
-
     df = pd.DataFrame({"index": meta["index"], "face_id": meta["face_id"], "group": groups, "fold": fold},
                       columns=COLUMNS)
     write_text(path, df.to_csv(index=False))
@@ -28,8 +26,6 @@ def read_folds(folds_path: str | Path, meta=None, cache_path: str | Path = "the 
     faces of the cache's `meta` in the cache's order (rows shuffled, missing or from
     another crop are refused: train and predict would split the wrong faces). Without
     `meta` only the file itself is checked."""
-    import pandas as pd
-
     folds_path = Path(folds_path)
     if not folds_path.exists():
         raise PipelineError(folds_path, "not found (run `pipeline folds` first)")

@@ -19,7 +19,6 @@ import numpy as np
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import atomic_path
 
-
 OOF_KEYS = ("tta", "plain", "fold")
 
 
@@ -40,10 +39,8 @@ def write_oof_predictions(path: str | os.PathLike, *, tta: np.ndarray, plain: np
     _write_npz(Path(path), {"tta": tta, "plain": plain, "fold": fold})
 
 
-def read_predictions(path: str | os.PathLike, keys: Sequence[str],
-                     optional: Sequence[str] = ()) -> dict[str, np.ndarray]:
-    """Arrays `keys` of a predictions file (test.npz or oof.npz); each of `optional` is
-    returned only when present (files from an older predict lack it)."""
+def read_predictions(path: str | os.PathLike, keys: Sequence[str]) -> dict[str, np.ndarray]:
+    """Arrays `keys` of a predictions file (test.npz or oof.npz)."""
     path = Path(path)
     if not path.exists():
         raise PipelineError(path, "predictions not found (run `pipeline predict` first)")
@@ -52,7 +49,7 @@ def read_predictions(path: str | os.PathLike, keys: Sequence[str],
             missing = [k for k in keys if k not in z.files]
             if missing:
                 raise PipelineError(path, f"missing array(s) {', '.join(missing)} (has {sorted(z.files)})")
-            return {k: np.asarray(z[k]) for k in [*keys, *optional] if k in z.files}
+            return {k: np.asarray(z[k]) for k in keys}
     except PipelineError:
         raise
     except Exception as e:  # zipfile.BadZipFile, ValueError, OSError

@@ -23,7 +23,6 @@ import numpy as np
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import write_text
 
-
 HEADER = ("Id", "Predicted")
 
 
@@ -69,11 +68,11 @@ def validate_coords(coords, source: str | os.PathLike | None = None, n_faces: in
     return arr
 
 
-def format_submission(coords: np.ndarray) -> str:
+def format_submission(coords: np.ndarray, float_format: str = FLOAT_FORMAT) -> str:
     """The CSV text of validated (N, K, 2) coordinates."""
     flat = coords.reshape(-1)  # C order == image-major, keypoint-major, x then y
     lines = [",".join(HEADER)]
-    lines += [f"{i},{FLOAT_FORMAT.format(v)}" for i, v in enumerate(flat.tolist())]
+    lines += [f"{i},{float_format.format(v)}" for i, v in enumerate(flat.tolist())]
     return "\n".join(lines) + "\n"
 
 

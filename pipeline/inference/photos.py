@@ -10,6 +10,9 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import PipelineError
+from pipeline.detection.detectors import locate_faces
+from pipeline.formats.annotations import read_image, safe_image_path
+from pipeline.formats.cache import load_cache
 
 
 def is_index(text: str) -> bool:
@@ -19,8 +22,6 @@ def is_index(text: str) -> bool:
 
 def cache_face(cache_dir: str | os.PathLike, split: str, index: int):
     """(the cache split, index) after checking the index is one of its faces."""
-    from pipeline.formats.cache import load_cache
-
     cache = load_cache(Path(cache_dir) / split)
     if not 0 <= index < len(cache):
         raise PipelineError(Path(cache_dir) / split, f"face index {index} out of range (0..{len(cache) - 1})")
@@ -29,9 +30,6 @@ def cache_face(cache_dir: str | os.PathLike, split: str, index: int):
 
 def face_in_photo(path: str | os.PathLike) -> tuple[np.ndarray, np.ndarray]:
     """(photo RGB uint8, the largest detected face's box in the training convention)."""
-    from pipeline.formats.annotations import read_image
-    from pipeline.detection.detectors import locate_faces
-
     image = read_image(path)
     boxes, _ = locate_faces(image)
     if not len(boxes):
@@ -46,8 +44,6 @@ class PhotoReader:
         self.root, self.source, self._cache = Path(root), source, {}
 
     def __call__(self, rel: str) -> np.ndarray:
-        from pipeline.formats.annotations import read_image, safe_image_path
-
         if rel not in self._cache:
             self._cache[rel] = read_image(safe_image_path(self.root, rel, self.source))
         return self._cache[rel]

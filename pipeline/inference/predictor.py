@@ -5,7 +5,7 @@ prediction code reads (model_config, schema, crop, epoch).
 
 * torch: the checkpoint's model in eval mode with every BatchNorm folded into the conv
   before it (one op less per layer) and in channels_last memory format (`prepare_torch`).
-* onnx: an onnxruntime session (`pipeline.formats.onnx_meta.OnnxModel`) of an exported `.onnx`
+* onnx: an onnxruntime session (`pipeline.inference.onnx_runtime.OnnxModel`) of an exported `.onnx`
   file, or of a `.pt` checkpoint: its exported twin `<name>.onnx` beside it when that was
   exported from this very checkpoint (sha256 in the JSON), else exported in memory.
 
@@ -23,8 +23,16 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 from torch import nn
+from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
+from pipeline.formats.annotations import crop_faces, load_xml
+from pipeline.formats.checkpoint import checkpoint_crop, load_model
+from pipeline.formats.onnx_export import export_meta, json_path, onnx_bytes, read_export, sha256_file
+from pipeline.inference.onnx_runtime import OnnxModel, load_onnx, onnx_available
+from pipeline.inference.tta import predict_original
+from pipeline.keypoints.schema import get_schema, schema_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -37,8 +45,6 @@ def fuse_batchnorm(model: nn.Module) -> nn.Module:
     Identity). Valid for the layers here, whose forward applies their children in
     registration order (ConvNormAct: conv -> bn -> act; UpConv: up -> conv -> bn -> act;
     the shortcut Sequential: pool -> conv -> bn); tests check the outputs match."""
-    from torch.nn.utils.fusion import fuse_conv_bn_eval
-
     model = copy.deepcopy(model).eval()
     for parent in model.modules():
         names = list(parent._modules)
@@ -87,14 +93,10 @@ def resolve_backend(path: str | os.PathLike, backend: str | None) -> str:
 def load_predictor(path: str | os.PathLike, backend: str | None = "torch", device: str | torch.device = "cpu",
                    schema=None, threads: int | None = None) -> tuple[Any, dict[str, Any]]:
     """(model, meta) ready to predict with; see the module docstring."""
-    from pipeline.formats.checkpoint import load_model
-
     backend = resolve_backend(path, backend)
     if backend == "torch":
         model, ckpt = load_model(path, device, schema=schema)
         return prepare_torch(model), ckpt
-    from pipeline.formats.onnx_meta import (OnnxModel, export_meta, json_path, load_onnx, onnx_available, onnx_bytes,
-                                     read_export, sha256_file)
 
     if not onnx_available():
         raise PipelineError(path, "--backend onnx needs onnxruntime: pip install 'pipeline[onnx]'")
@@ -121,29 +123,29 @@ def load_predictor(path: str | os.PathLike, backend: str | None = "torch", devic
     return OnnxModel(data, cfg, threads), meta
 
 
+def crops_for_checkpoint(faces: list, xml_path: str | os.PathLike, ckpt: dict, path: str | os.PathLike,
+                         n_jobs: int, by_geometry: dict[tuple, tuple]) -> tuple[np.ndarray, np.ndarray]:
+    """(crops, crop_to_orig) of the XML's faces cropped as `ckpt` was trained (its crop
+    side and expand); `by_geometry` keeps them for the next checkpoint of the same geometry."""
+    key = checkpoint_crop(ckpt, path)
+    if key not in by_geometry:
+        by_geometry[key] = crop_faces(faces, Path(xml_path).parent, key[0], key[1], n_jobs, xml_path)
+    return by_geometry[key]
+
+
 def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.PathLike],
                 predict_cfg: dict, data_cfg: dict, crop_cfg: dict, backend: str = "torch") -> np.ndarray:
     """Predict any test XML with any checkpoints: (N, K, 2) original pixels, fold-averaged."""
-    from pipeline.formats.checkpoint import checkpoint_crop
-    from pipeline.formats.annotations import load_xml
-    from pipeline.core.device import resolve_device
-    from pipeline.formats.annotations import crop_faces
-    from pipeline.inference.tta import predict_original
-    from pipeline.keypoints.schema import get_schema
-
     if not checkpoints:
         raise PipelineError(xml_path, "no checkpoints given")
     schema = get_schema(data_cfg)
     faces = load_xml(xml_path, schema, require_parts=False)
     device = resolve_device(predict_cfg["device"])
-    crops_by_geometry: dict[tuple, tuple] = {}  # each checkpoint's faces cropped as in its training
+    by_geometry: dict[tuple, tuple] = {}
     preds = []
     for path in checkpoints:
         model, ckpt = load_predictor(path, backend, device, schema=schema)
-        key = checkpoint_crop(ckpt, path)
-        if key not in crops_by_geometry:
-            crops_by_geometry[key] = crop_faces(faces, Path(xml_path).parent, key[0], key[1], crop_cfg["n_jobs"])
-        crops, crop_to_orig = crops_by_geometry[key]
+        crops, crop_to_orig = crops_for_checkpoint(faces, xml_path, ckpt, path, crop_cfg["n_jobs"], by_geometry)
         preds.append(predict_original(model, ckpt, crops, crop_to_orig, predict_cfg["tta"],
                                       predict_cfg["batch_size"], device)["final"])
     return np.mean(preds, axis=0)
@@ -152,8 +154,6 @@ def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.Path
 def load_models(checkpoints: Sequence[str | os.PathLike], device, backend: str = "torch") -> list[tuple]:
     """[(model, ckpt)] for every checkpoint (.pt, or an exported .onnx: see pipeline.inference.predictor);
     all must share the first one's schema."""
-    from pipeline.keypoints.schema import schema_from_dict
-
     if not checkpoints:
         raise PipelineError(None, "no --checkpoint given")
     first_model, first = load_predictor(checkpoints[0], backend, device)

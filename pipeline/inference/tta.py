@@ -10,11 +10,11 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_label_origin
 from pipeline.core.config import params_source
 from pipeline.core.device import amp_dtype, autocast
 from pipeline.core.errors import PipelineError
-from pipeline.keypoints.flip import flip_images, unflip_coords
+from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_label_origin
+from pipeline.keypoints.flip import flip_coords, flip_images
 from pipeline.keypoints.geometry import crop_one, crop_transform, input_to_crop, to_original
 from pipeline.keypoints.preprocess import faces_to_chw, normalize_batch, resize_batch
 
@@ -53,7 +53,7 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
             else:
                 both = model(torch.cat([x, flip_images(x)])).float()  # (2B, K, 2) input px
                 outs["plain"].append(both[:b].cpu().numpy())
-                outs["flip"].append(unflip_coords(both[b:], input_size, flip_perm).cpu().numpy())
+                outs["flip"].append(flip_coords(both[b:], input_size, flip_perm).cpu().numpy())
     res = {k: input_to_crop(np.concatenate(v).astype(np.float64), cache_size, input_size)
            for k, v in outs.items()}
     if flip_perm is not None:

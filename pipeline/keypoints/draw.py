@@ -6,16 +6,10 @@ only when written."""
 from __future__ import annotations
 
 import math
-import os
-from pathlib import Path
 from typing import Sequence
 
 import cv2
 import numpy as np
-
-from pipeline.core.errors import PipelineError
-from pipeline.core.io import write_bytes
-
 
 # one colour per face part (RGB), in the order of schema.groups
 PART_COLORS = [(255, 200, 0), (0, 200, 255), (255, 90, 200), (80, 255, 80), (255, 80, 80), (160, 120, 255),
@@ -116,14 +110,3 @@ def contact_sheet(tiles: Sequence[np.ndarray], cols: int | None = None, title: s
         y, x = y0 + GAP + r * (th + GAP), GAP + c * (tw + GAP)
         sheet[y:y + th, x:x + tw] = t
     return sheet
-
-
-def write_png(path: str | os.PathLike, rgb: np.ndarray) -> Path:
-    """RGB uint8 -> PNG, written to a temp file and renamed."""
-    # encoded in memory: the temp name atomic_path makes ends in '.tmp', and cv2.imwrite
-    # picks its codec by the extension
-    ok, buf = cv2.imencode(".png", cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR),
-                           [cv2.IMWRITE_PNG_COMPRESSION, 9])
-    if not ok:
-        raise PipelineError(path, "cannot encode PNG")
-    return write_bytes(path, buf.tobytes(), ".png")

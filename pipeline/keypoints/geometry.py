@@ -11,8 +11,6 @@ from typing import Sequence
 import cv2
 import numpy as np
 
-from pipeline.core.errors import PipelineError
-
 
 def crop_transform(box: tuple[float, float, float, float], expand: float, size: int) -> np.ndarray:
     """(2, 3) affine crop pixel -> original pixel for a square crop of side max(w, h) * expand

@@ -9,7 +9,6 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-
 # ImageNet statistics, applied on the device to the whole batch at once.
 MEAN = (0.485, 0.456, 0.406)
 STD = (0.229, 0.224, 0.225)

@@ -10,6 +10,7 @@ import numpy as np
 
 from pipeline.core.config import params_source
 from pipeline.core.errors import PipelineError
+from pipeline.keypoints.flip import flip_coords
 
 
 @dataclass(frozen=True)
@@ -43,11 +44,8 @@ class KeypointSchema:
         return len(self.names)
 
     def flip_coords(self, coords: np.ndarray, width: float) -> np.ndarray:
-        """Coordinates of the horizontally flipped image: x -> width - 1 - x (pixel centres
-        at integers), then swap left/right indices. coords: (..., K, 2)."""
-        out = np.array(coords, dtype=np.float64 if np.asarray(coords).dtype == np.float64 else np.float32)
-        out[..., 0] = (width - 1) - out[..., 0]
-        return out[..., list(self.flip_perm), :]
+        """Coordinates of the horizontally flipped image (pipeline/keypoints/flip.py)."""
+        return flip_coords(coords, width, self.flip_perm)
 
     def neighbours(self, mean_shape: np.ndarray, n: int = 2) -> np.ndarray:
         """The n nearest other points of each keypoint on the mean shape: (K, n) int.

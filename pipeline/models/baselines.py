@@ -1,5 +1,5 @@
 """Direct-regression baselines (a fully connected layer outputs 2K numbers), kept to
-compare against the heatmap ResUNet: the seed's small VGG and the ResNet-50 + FC ablation."""
+compare against the heatmap ResUNet: the reference recipe's small VGG and the ResNet-50 + FC ablation."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Sequence
 
 import torch
 from torch import nn
+from torchvision.models import resnet50
 
 from pipeline.core.errors import PipelineError
 from pipeline.models.layers import ConvNormAct, get_act_layer
@@ -45,7 +46,7 @@ class RegressionHead(nn.Module):
 
 
 class VGGSeed(nn.Module):
-    """The seed's VGG11-shaped regressor: 8 convs (1-1-2-2-2 per stage, channels 8-16-32-64-128),
+    """The reference recipe's VGG11-shaped regressor: 8 convs (1-1-2-2-2 per stage, channels 8-16-32-64-128),
     BatchNorm + ReLU, the first conv of each stage strided instead of max-pooling
     (224 -> 7), then flatten (128 x 7 x 7 = 6272) -> fc 1024 (BatchNorm1d, ReLU) -> 2K."""
 
@@ -86,11 +87,10 @@ class VGGSeed(nn.Module):
 class ResNet50FC(nn.Module):
     """torchvision ResNet-50 body without the global AvgPool: the 2048 x 7 x 7 map (at 224)
     is flattened into one linear layer -> 2K, so the regressor keeps where features are
-    (the seed's first ablation). The linear layer's width follows the input size."""
+    (the reference recipe's first ablation). The linear layer's width follows the input size."""
 
     def __init__(self, num_keypoints: int, in_chans: int = 3, input_size: int = 224):
         super().__init__()
-        from torchvision.models import resnet50
 
         tv = resnet50(weights=None)
         if in_chans != 3:
@@ -114,7 +114,7 @@ class ResNet50FC(nn.Module):
 
 @register_model(input_size=224)
 def vgg_seed(**kwargs) -> VGGSeed:
-    """The seed's modified VGG11 (8 strided convs, fc 1024), direct regression"""
+    """The reference recipe's modified VGG11 (8 strided convs, fc 1024), direct regression"""
     return build_preset(VGGSeed, {}, kwargs)
 
 

@@ -17,6 +17,7 @@ from typing import Any, Callable
 
 import torch
 from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
 
 from pipeline.core.errors import PipelineError
 
@@ -131,8 +132,6 @@ def model_flops(model: nn.Module, input_size: int, in_chans: int = 3) -> float:
 
     Runs on a copy on the meta device: no memory for activations, no real compute, so
     counting a 224 px ResUNet-72 is instant even on a CPU."""
-    from torch.utils.flop_counter import FlopCounterMode
-
     if hasattr(model, "config"):
         with torch.device("meta"):
             meta = build_model(model.config)

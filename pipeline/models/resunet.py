@@ -121,7 +121,7 @@ class DeepStem(nn.Module):
     """ResNet-C stem: three 3x3 convs instead of one 7x7 (same receptive field, cheaper,
     more non-linearity). Bag of Tricks follows it with a stride-2 MaxPool; here the third
     conv carries that stride instead (strides 2, 1, 2), which keeps the stem at 3 layers
-    and the whole net at the seed's 72, and makes the downsampling learned. The output of
+    and the whole net at the 72 layers it is named for, and makes the downsampling learned. The output of
     conv2 (/2) is the decoder's skip at half resolution."""
 
     def __init__(self, in_chans: int, widths: Sequence[int], *, act_layer: LayerType = nn.ReLU,

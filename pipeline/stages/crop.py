@@ -10,25 +10,25 @@ from __future__ import annotations
 import logging
 import os
 import time
+import uuid
 from pathlib import Path
 
 import click
 
-from pipeline.formats.cache import CACHE_MARKER, dataset_root, is_cache_root, write_cache_split
-from pipeline.core.config import config_options, params_source
-from pipeline.formats.annotations import load_xml
+from pipeline.core.config import config_options, params_source, write_resolved
 from pipeline.core.errors import PipelineError
-from pipeline.formats.annotations import crop_faces
+from pipeline.core.faults import kill_point
 from pipeline.core.io import staging_dir
+from pipeline.core.paths import CACHE_DIR
+from pipeline.formats.annotations import crop_faces, load_xml
+from pipeline.formats.cache import CACHE_MARKER, dataset_root, is_cache_root, write_cache_split
 from pipeline.keypoints.schema import get_schema
 
 log = logging.getLogger(__name__)
 
 
-def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, int]:
+def run_crop(cfg: dict, out_dir: str | os.PathLike = CACHE_DIR) -> dict[str, int]:
     """The `crop` stage: both splits of data.dir (or the demo set) into out_dir/{train,test}."""
-    from pipeline.core.config import write_resolved
-
     dcfg, ccfg = cfg["data"], cfg["crop"]
     if ccfg["side"] < 8 or ccfg["expand"] <= 0:
         raise PipelineError(params_source("crop.side", "crop.expand"),
@@ -63,9 +63,7 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, 
                  len(faces[name]) / max(dt, 1e-9), ccfg["n_jobs"])
     # both splits (and the params) go to one temp folder that replaces `out` as a whole: a
     # crash or a full disk never leaves a train cache and a test cache of different runs
-    import uuid
 
-    from pipeline.core.faults import kill_point
 
     run = uuid.uuid4().hex
     with staging_dir(out, CACHE_MARKER, is_ours=is_cache_root) as tmp:
@@ -80,7 +78,7 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = "data/cache") -> dict[str, 
 
 
 @click.command("crop")
-@click.option("--out", "out_dir", default="data/cache", show_default=True, help="writes <out>/train and <out>/test")
+@click.option("--out", "out_dir", default=CACHE_DIR, show_default=True, help="writes <out>/train and <out>/test")
 @config_options
 def crop_cmd(out_dir, cfg):
     """Crop every face box of the train and test XML into the face cache."""

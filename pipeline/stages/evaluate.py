@@ -1,30 +1,30 @@
-"""Scoring: the `score` command (a CSV against a solution), the `evaluate` stage (OOF per
-fold and overall, test, OOF bias -> metrics/*.json) and the `leaderboard` command. The
-metrics themselves (MAE, the competition metric, and NME) are in pipeline/keypoints/metrics.py."""
+"""Scoring: the `evaluate` stage (OOF per fold and overall, test, OOF bias -> metrics/*.json)
+and the `score` command (any CSV against a solution, with the same scorer). The metrics
+themselves (MAE, the competition metric, and NME) are in pipeline/keypoints/metrics.py; the
+`leaderboard` command that reads metrics/ is pipeline/tools/leaderboard.py."""
 
 from __future__ import annotations
 
 import datetime as _dt
 import json
 import logging
-import math
 import os
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any, Sequence
 
 import click
 import numpy as np
 
-from pipeline.formats.cache import dataset_root, face_count, read_array, split_schema
-from pipeline.core.config import config_options
+from pipeline.core.config import config_options, flatten, write_resolved
 from pipeline.core.errors import PipelineError
-from pipeline.formats.folds import read_folds
 from pipeline.core.io import write_json, write_text
-from pipeline.keypoints.metrics import mae, nme
+from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, METRICS_DIR, PREDICTIONS_DIR
+from pipeline.formats.cache import dataset_root, face_count, read_array, split_schema
+from pipeline.formats.folds import read_folds
 from pipeline.formats.predictions import OOF_KEYS, read_predictions
+from pipeline.formats.submission import read_solution, read_submission
+from pipeline.keypoints.calibrate import keypoint_bias, leave_one_out_calibrated
+from pipeline.keypoints.metrics import mae, nme
 from pipeline.keypoints.schema import get_schema
 
 log = logging.getLogger(__name__)
@@ -59,8 +59,6 @@ def score_files(submission: str | os.PathLike, solution: str | os.PathLike, k: i
     explicit k that does not divide the rows is an error. `n_rows` (known from the test
     cache) is what both files must hold; without it, when the two disagree, the one whose
     rows are not whole faces is blamed (the submission when both are)."""
-    from pipeline.formats.submission import read_solution, read_submission
-
     truth = read_solution(solution, n_rows=n_rows)
     pred = read_submission(submission)
     if len(pred) != len(truth):
@@ -136,8 +134,6 @@ def oof_bias_report(tta: np.ndarray, truth: np.ndarray, eyes, names: Sequence[st
     """Per-keypoint mean OOF residual (x, y, original px) and the OOF metrics after
     subtracting it, each face calibrated with the other faces' estimate (leave-one-out,
     so the improvement is not measured on the faces it was fitted to)."""
-    from pipeline.keypoints.calibrate import keypoint_bias, leave_one_out_calibrated
-
     ok = np.isfinite(tta).all(axis=(1, 2))
     bias = keypoint_bias(tta, truth)  # (K, 2)
     report: dict[str, Any] = {"n": int(ok.sum()), "mean_x": float(bias[:, 0].mean()),
@@ -170,13 +166,9 @@ def leaderboard_summary(oof: dict, bias: dict, test: dict) -> dict[str, float]:
 def uncalibrated_test_scores(test_npz: Path, solution: Path, eyes) -> dict[str, Any]:
     """Test MAE / NME of the ensemble before OOF calibration, when predict stored it and
     the truth exists: the leaderboard shows the test score with and without calibration."""
-    from pipeline.formats.submission import read_solution
-
     if not (test_npz.exists() and solution.exists()):
         return {}
-    z = read_predictions(test_npz, (), optional=("ensemble_raw", "calibrated"))
-    if "ensemble_raw" not in z:  # from a predict before calibration existed
-        return {}
+    z = read_predictions(test_npz, ("ensemble_raw", "calibrated"))
     raw, calibrated = z["ensemble_raw"].astype(np.float64), bool(z["calibrated"])  # (N, K, 2)
     truth = read_solution(solution)
     if truth.size != raw.size:
@@ -198,16 +190,12 @@ def _append_history(path: Path, entry: dict) -> None:
 
 
 def flat_params(cfg: dict, sections: Sequence[str] = HISTORY_SECTIONS) -> dict[str, Any]:
-    from pipeline.core.config import flatten
-
     return flatten({s: cfg[s] for s in sections if s in cfg})
 
 
 def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathLike,
                  predictions: str | os.PathLike, out_dir: str | os.PathLike,
                  submission: str | os.PathLike | None = None, history: bool = True) -> dict[str, Any]:
-    from pipeline.core.config import write_resolved
-
     cache, predictions, out = Path(cache), Path(predictions), Path(out_dir)
     train_split, test_split = cache / "train", cache / "test"
     schema = split_schema(train_split)
@@ -267,19 +255,19 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
     return {"oof": oof, "test": test, "summary": summary}
 
 
-def _pct(x) -> str:
+def format_pct(x) -> str:
     return "-" if x is None else f"{100 * x:.3f}%"
 
 
-def _num(x, digits: int = 4) -> str:
+def format_num(x, digits: int = 4) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
 
 @click.command("evaluate")
-@click.option("--cache", default="data/cache", show_default=True, help="face cache (train/keypoints_orig.npy)")
-@click.option("--folds", "folds_path", default="folds/folds.csv", show_default=True)
-@click.option("--predictions", default="predictions", show_default=True, help="folder of oof.npz")
-@click.option("--out", "out_dir", default="metrics", show_default=True)
+@click.option("--cache", default=CACHE_DIR, show_default=True, help="face cache (train/keypoints_orig.npy)")
+@click.option("--folds", "folds_path", default=FOLDS_FILE, show_default=True)
+@click.option("--predictions", default=PREDICTIONS_DIR, show_default=True, help="folder of oof.npz")
+@click.option("--out", "out_dir", default=METRICS_DIR, show_default=True)
 @click.option("--submission", default=None, help="CSV scored against the solution "
                                                  "[default: submissions/<submit.name>.csv]")
 @config_options
@@ -287,202 +275,14 @@ def evaluate_cmd(cache, folds_path, predictions, out_dir, submission, cfg):
     """OOF metrics per fold and overall, test metrics when a solution exists -> metrics/*.json."""
     res = run_evaluate(cfg, cache, folds_path, predictions, out_dir, submission)
     s, ov, test = res["summary"], res["oof"]["overall"], res["test"]
-    click.echo(f"OOF   MAE {_num(s.get('mae'))} px  NME {_pct(s.get('nme'))}  "
-               f"(no TTA: MAE {_num(ov['mae_notta'])}; calibrated: MAE {_num(s.get('mae_cal'))})  n={ov['n']}")
+    click.echo(f"OOF   MAE {format_num(s.get('mae'))} px  NME {format_pct(s.get('nme'))}  "
+               f"(no TTA: MAE {format_num(ov['mae_notta'])}; calibrated: MAE {format_num(s.get('mae_cal'))})  n={ov['n']}")
     if test["mae"] is not None:
-        click.echo(f"test  MAE {_num(test['mae'])} px  NME {_pct(test['nme'])}  n={test['n']}  "
-                   f"(calibrated: {test.get('calibrated')}; uncalibrated MAE {_num(test.get('mae_uncal'))})")
+        click.echo(f"test  MAE {format_num(test['mae'])} px  NME {format_pct(test['nme'])}  n={test['n']}  "
+                   f"(calibrated: {test.get('calibrated')}; uncalibrated MAE {format_num(test.get('mae_uncal'))})")
     click.echo(f"wrote {Path(out_dir) / 'summary.json'}")
 
 
-# ---------------------------------------------------------------------------- leaderboard
-
-def format_table(headers: Sequence[str], rows: Sequence[Sequence[Any]]) -> str:
-    """Fixed-width text table; numbers right-aligned."""
-    cells = [[str(h) for h in headers]] + [["-" if c is None else str(c) for c in r] for r in rows]
-    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
-    numeric = [all(_is_num(r[i]) for r in cells[1:]) and len(cells) > 1 for i in range(len(headers))]
-
-    def line(r):
-        return "  ".join(c.rjust(w) if num else c.ljust(w) for c, w, num in zip(r, widths, numeric)).rstrip()
-
-    out = [line(cells[0]), "  ".join("-" * w for w in widths)]
-    out += [line(r) for r in cells[1:]]
-    return "\n".join(out)
 
 
-def _is_num(s: str) -> bool:
-    if s == "-":
-        return True
-    try:
-        float(s.rstrip("%"))
-        return True
-    except ValueError:
-        return False
 
-
-def _sort_key(x):
-    return (x is None or (isinstance(x, float) and math.isnan(x)), x if isinstance(x, (int, float)) else 0.0)
-
-
-def fold_rows(oof: dict) -> list[list[Any]]:
-    """Rows (fold, n, MAE, NME, MAE no-TTA) sorted by OOF MAE."""
-    items = sorted(oof.get("per_fold", {}).items(), key=lambda kv: _sort_key(kv[1].get("mae")))
-    return [[f, m.get("n"), _num(m.get("mae")), _pct(m.get("nme")), _num(m.get("mae_notta"))] for f, m in items]
-
-
-# summary.json keys before the leaderboard layout (metrics/history.jsonl lines and DVC
-# experiments written then still rank by their figures)
-LEGACY_SUMMARY_KEYS = {"oof_mae": "mae", "oof_nme": "nme", "oof_mae_cal": "mae_cal"}
-
-
-def summary_figures(summary: dict) -> dict:
-    """A summary.json dict under the current names (older layouts renamed)."""
-    return {LEGACY_SUMMARY_KEYS.get(k, k): v for k, v in summary.items()}
-
-
-def read_history(path: Path) -> list[dict]:
-    rows = []
-    if not path.exists():
-        return rows
-    for i, line in enumerate(path.read_text().splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            e = json.loads(line)
-            rows.append({"source": "history", "name": e["timestamp"], "params": dict(e.get("params") or {}),
-                         "summary": summary_figures(dict(e.get("summary") or {}))})
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError):
-            log.warning("%s: line %d is not a history entry, skipped", path, i)
-    return rows
-
-
-def parse_dvc_exp_show(entries: Any, summary_path: str = "metrics/summary.json",
-                       params_file: str = "params.yaml") -> list[dict]:
-    """Rows from `dvc exp show --json` (DVC 3): baselines and their experiments, not the workspace."""
-    from pipeline.core.config import flatten
-
-    rows: list[dict] = []
-
-    def visit(entry: dict) -> None:
-        if not isinstance(entry, dict):
-            return
-        data = entry.get("data") or {}
-        if entry.get("rev") != "workspace" and not entry.get("error") and data:
-            params = ((data.get("params") or {}).get(params_file) or {}).get("data") or {}
-            summary = ((data.get("metrics") or {}).get(summary_path) or {}).get("data") or {}
-            if summary:
-                name = entry.get("name") or str(entry.get("rev", ""))[:7]
-                rows.append({"source": "dvc", "name": name,
-                             "params": flatten({s: params[s] for s in HISTORY_SECTIONS
-                                                 if isinstance(params.get(s), dict)}),
-                             "summary": summary_figures(summary)})
-        for exp in entry.get("experiments") or []:
-            for rev in (exp or {}).get("revs") or []:
-                visit(rev)
-
-    for entry in entries if isinstance(entries, list) else []:
-        visit(entry)
-    return rows
-
-
-def dvc_experiments(summary_path: str = "metrics/summary.json", timeout: float = 120) -> list[dict]:
-    """Experiments via `dvc exp show --json`; [] when DVC is missing, this is no DVC repo,
-    or there are none."""
-    import importlib.util
-
-    if importlib.util.find_spec("dvc") is not None:
-        cmd = [sys.executable, "-m", "dvc"]
-    elif shutil.which("dvc"):
-        cmd = [shutil.which("dvc")]
-    else:
-        log.info("dvc not installed: DVC experiments skipped")
-        return []
-    try:
-        proc = subprocess.run(cmd + ["exp", "show", "--json"], capture_output=True, text=True, timeout=timeout)
-    except (OSError, subprocess.TimeoutExpired) as e:
-        log.info("dvc exp show failed (%s): skipped", type(e).__name__)
-        return []
-    if proc.returncode != 0:
-        msg = (proc.stderr.strip().splitlines() or [""])[-1]
-        log.info("dvc exp show failed: %s", msg)
-        return []
-    text = proc.stdout
-    start = min([i for i in (text.find("["), text.find("{")) if i >= 0], default=-1)
-    try:
-        entries = json.loads(text[start:]) if start >= 0 else []
-    except json.JSONDecodeError:
-        log.info("dvc exp show: output is not JSON, skipped")
-        return []
-    return parse_dvc_exp_show(entries, summary_path)
-
-
-def differing_params(rows: Sequence[dict]) -> list[str]:
-    keys = sorted({k for r in rows for k in r["params"]})
-    out = []
-    for k in keys:
-        vals = {json.dumps(r["params"].get(k, "<unset>"), sort_keys=True, default=str) for r in rows}
-        if len(vals) > 1:
-            out.append(k)
-    return out
-
-
-def experiment_table(rows: Sequence[dict]) -> str:
-    rows = sorted(rows, key=lambda r: _sort_key(r["summary"].get("mae")))
-    diff = differing_params(rows)
-    headers = ["source", "name", "oof_mae", "oof_mae_cal", "oof_nme", "test_mae", "test_mae_uncal"] + diff
-    body = []
-    for r in rows:
-        s = r["summary"]
-        vals = []
-        for k in diff:
-            v = r["params"].get(k, "-")
-            vals.append(json.dumps(v, sort_keys=True) if isinstance(v, (dict, list)) else v)
-        body.append([r["source"], r["name"], _num(s.get("mae")), _num(s.get("mae_cal")),
-                     _pct(s.get("nme")), _num(s.get("test_mae")), _num(s.get("test_mae_uncal"))] + vals)
-    return format_table(headers, body)
-
-
-def fold_leaderboard(mdir: Path) -> list[str]:
-    """Lines: this run's folds by OOF MAE and its overall figures (oof.json, bias.json)."""
-    oof_path = mdir / "oof.json"
-    if not oof_path.exists():
-        return [f"no {oof_path} (run `pipeline evaluate` first)"]
-    try:
-        oof = json.loads(oof_path.read_text())
-        rows = fold_rows(oof)
-        ov = oof.get("overall", {})
-    except (json.JSONDecodeError, AttributeError, TypeError) as e:
-        raise PipelineError(oof_path, f"not a metrics file from `pipeline evaluate` ({type(e).__name__})") from None
-    bias_path = mdir / "bias.json"
-    cal = json.loads(bias_path.read_text()) if bias_path.exists() else {}
-    return [f"Folds by out-of-fold MAE ({oof_path})",
-            format_table(["fold", "n", "MAE", "NME", "MAE no-TTA"], rows),
-            f"overall: n={ov.get('n')}  MAE {_num(ov.get('mae'))}  NME {_pct(ov.get('nme'))}  "
-            f"MAE no-TTA {_num(ov.get('mae_notta'))}  MAE calibrated {_num(cal.get('oof_mae_cal'))}"
-            + (f"  untrained folds {ov['untrained_folds']}" if ov.get("untrained_folds") else "")]
-
-
-def leaderboard_text(mdir: Path, exps: bool = True) -> str:
-    """The `leaderboard` report: folds of the current run, then every past run
-    (history.jsonl, and DVC experiments when `exps`)."""
-    lines = fold_leaderboard(mdir)
-    runs = read_history(mdir / "history.jsonl")
-    if exps:
-        runs += dvc_experiments((mdir / "summary.json").as_posix())
-    lines.append("")
-    if runs:
-        lines += [f"Runs by out-of-fold MAE ({len(runs)})", experiment_table(runs)]
-    else:
-        lines.append("no past runs (metrics/history.jsonl or DVC experiments)")
-    return "\n".join(lines)
-
-
-@click.command("leaderboard")
-@click.option("--metrics", "metrics_dir", default="metrics", show_default=True,
-              help="folder of oof.json and history.jsonl (from `pipeline evaluate`)")
-@click.option("--exps/--no-exps", default=True, show_default=True,
-              help="also list DVC experiments (`dvc exp show`); history.jsonl is always listed")
-def leaderboard_cmd(metrics_dir, exps):
-    """Folds sorted by OOF MAE, then past runs sorted by OOF MAE with the params that differ."""
-    click.echo(leaderboard_text(Path(metrics_dir), exps))

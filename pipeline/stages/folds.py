@@ -6,14 +6,17 @@ with columns `index, face_id, group, fold`, one row per training face."""
 from __future__ import annotations
 
 import logging
+import re
 from pathlib import Path
 
 import click
 import numpy as np
 
-from pipeline.formats.cache import read_meta
-from pipeline.core.config import config_options, params_source
+from pipeline.core.config import config_options, params_source, write_resolved
 from pipeline.core.errors import PipelineError
+from pipeline.core.paths import CACHE_DIR, FOLDS_FILE
+from pipeline.formats.annotations import photo_group
+from pipeline.formats.cache import read_meta
 from pipeline.formats.folds import write_folds
 
 log = logging.getLogger(__name__)
@@ -53,9 +56,6 @@ def make_folds(groups, k: int, seed: int, source: str = "folds") -> np.ndarray:
 def group_faces(meta, rule: str, meta_path: str | Path = "meta.csv"):
     """Photo group per face (a pandas Series) from meta.csv's image paths by `rule`
     (folds.group_regex): a face, the other faces of its photo and its mirror share one."""
-    import re
-
-    from pipeline.formats.annotations import photo_group
 
     if "image" not in meta.columns:
         raise PipelineError(meta_path, "missing column 'image' (rerun `pipeline crop`)")
@@ -65,8 +65,6 @@ def group_faces(meta, rule: str, meta_path: str | Path = "meta.csv"):
 
 def run_folds(cfg: dict, cache: str | Path, out_path: str | Path) -> np.ndarray:
     """The `folds` stage: grouped folds of the cache's training faces -> folds.csv."""
-    from pipeline.core.config import write_resolved
-
     train_split = Path(cache) / "train"
     meta_path = train_split / "meta.csv"
     meta = read_meta(train_split)
@@ -88,8 +86,8 @@ def run_folds(cfg: dict, cache: str | Path, out_path: str | Path) -> np.ndarray:
 
 
 @click.command("folds")
-@click.option("--cache", default="data/cache", show_default=True, help="face cache (reads train/meta.csv)")
-@click.option("--out", "out_path", default="folds/folds.csv", show_default=True)
+@click.option("--cache", default=CACHE_DIR, show_default=True, help="face cache (reads train/meta.csv)")
+@click.option("--out", "out_path", default=FOLDS_FILE, show_default=True)
 @config_options
 def folds_cmd(cache, out_path, cfg):
     """Write K grouped train/val folds of the training faces."""

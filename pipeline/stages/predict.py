@@ -10,9 +10,16 @@ from pathlib import Path
 import click
 import numpy as np
 
-from pipeline.core.config import config_options
+from pipeline.core.config import config_options, write_resolved
+from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
+from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, MODELS_DIR, PREDICTIONS_DIR
+from pipeline.formats.cache import check_same_run, load_cache
+from pipeline.formats.folds import read_folds
+from pipeline.formats.predictions import write_oof_predictions, write_test_predictions
+from pipeline.inference.predictor import load_predictor
 from pipeline.inference.tta import check_crop_geometry, predict_original
+from pipeline.keypoints.calibrate import keypoint_bias, should_calibrate
 
 log = logging.getLogger(__name__)
 
@@ -25,14 +32,6 @@ def fold_checkpoints(models_dir: str | os.PathLike, k: int, name: str) -> dict[i
 
 def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out_dir: str,
                 backend: str = "torch") -> None:
-    from pipeline.inference.predictor import load_predictor
-    from pipeline.formats.cache import check_same_run, load_cache
-    from pipeline.keypoints.calibrate import keypoint_bias, should_calibrate
-    from pipeline.core.config import write_resolved
-    from pipeline.core.device import resolve_device
-    from pipeline.formats.folds import read_folds
-    from pipeline.formats.predictions import write_oof_predictions, write_test_predictions
-
     pcfg = cfg["predict"]  # predict.calibrate is one of calibrate.CALIBRATE_MODES (config RANGES)
     device = resolve_device(pcfg["device"])
     train, test = load_cache(Path(cache_dir) / "train"), load_cache(Path(cache_dir) / "test")
@@ -76,10 +75,10 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
 
 
 @click.command("predict")
-@click.option("--cache", default="data/cache", show_default=True, help="face cache folder (from `crop`)")
-@click.option("--folds", "folds_path", default="folds/folds.csv", show_default=True)
-@click.option("--models", "models_dir", default="models", show_default=True, help="folder of fold{K}/ checkpoints")
-@click.option("--out", "out_dir", default="predictions", show_default=True)
+@click.option("--cache", default=CACHE_DIR, show_default=True, help="face cache folder (from `crop`)")
+@click.option("--folds", "folds_path", default=FOLDS_FILE, show_default=True)
+@click.option("--models", "models_dir", default=MODELS_DIR, show_default=True, help="folder of fold{K}/ checkpoints")
+@click.option("--out", "out_dir", default=PREDICTIONS_DIR, show_default=True)
 @click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
               help="onnx: onnxruntime on the CPU (each fold's <name>.onnx if exported from it, else exported in memory)")
 @config_options

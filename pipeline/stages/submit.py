@@ -13,11 +13,13 @@ from typing import Sequence
 import click
 import numpy as np
 
-from pipeline.formats.cache import face_count, split_schema
 from pipeline.core.config import config_options, params_source
 from pipeline.core.errors import PipelineError
+from pipeline.core.paths import CACHE_DIR
+from pipeline.formats.cache import face_count, split_schema
 from pipeline.formats.predictions import read_predictions
 from pipeline.formats.submission import validate_coords, write_submission
+from pipeline.keypoints.schema import get_schema
 
 log = logging.getLogger(__name__)
 
@@ -41,8 +43,9 @@ def run_submit(predictions_path: str | os.PathLike, cache: str | os.PathLike, ou
 
 def run_submit_xml(cfg: dict, xml_path: str | os.PathLike, checkpoints: Sequence[str], out: Path) -> np.ndarray:
     """Standalone: predict any test XML with any checkpoints (fold-averaged) -> CSV."""
+    # the one path of submit that runs a network: the DVC stage (from predictions/) starts
+    # without torch's import
     from pipeline.inference.predictor import predict_xml
-    from pipeline.keypoints.schema import get_schema
 
     if not Path(xml_path).exists():
         raise PipelineError(xml_path, "test XML not found")
@@ -62,7 +65,7 @@ def _write(coords, source, out: Path, n_faces: int | None, k: int | None) -> np.
 @click.command("submit")
 @click.option("--predictions", "predictions_path", default="predictions/test.npz", show_default=True,
               help="test predictions from `pipeline predict` (its `ensemble` array is written)")
-@click.option("--cache", default="data/cache", show_default=True,
+@click.option("--cache", default=CACHE_DIR, show_default=True,
               help="face cache; test/meta.csv gives the expected face count")
 @click.option("--out-dir", default="submissions", show_default=True,
               help="folder of <submit.name>.csv")

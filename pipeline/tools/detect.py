@@ -16,18 +16,22 @@ from typing import Sequence
 import click
 import numpy as np
 
-from pipeline.inference.predictor import load_models
+from pipeline.core.device import resolve_device
+from pipeline.core.io import write_bytes
 from pipeline.detection.detectors import get_detector, locate_faces
+from pipeline.formats.annotations import read_image
+from pipeline.formats.images import write_png
+from pipeline.inference.predictor import load_models
 from pipeline.inference.tta import predict_boxes
+from pipeline.keypoints.draw import draw_box, draw_points, point_colors, put_label
+from pipeline.keypoints.geometry import box_corners
+from pipeline.keypoints.schema import schema_from_dict
 
 log = logging.getLogger(__name__)
 
 
 def annotate(image: np.ndarray, boxes: np.ndarray, points: np.ndarray, schema) -> np.ndarray:
     """The photo with each face's box and keypoints (coloured by part)."""
-    from pipeline.keypoints.draw import draw_box, draw_points, point_colors, put_label
-    from pipeline.keypoints.geometry import box_corners
-
     out = image.copy()
     colors = point_colors(schema)
     for j, (box, pts) in enumerate(zip(boxes, points)):
@@ -41,12 +45,6 @@ def annotate(image: np.ndarray, boxes: np.ndarray, points: np.ndarray, schema) -
 def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir: str, tta: str = "flip",
                       write_csv: bool = False, max_faces: int = 0, device_name: str = "auto",
                       backend: str = "torch", detector: str = "auto") -> list[dict]:
-    from pipeline.formats.annotations import read_image
-    from pipeline.core.device import resolve_device
-    from pipeline.keypoints.draw import write_png
-    from pipeline.core.io import write_bytes
-    from pipeline.keypoints.schema import schema_from_dict
-
 
     found = get_detector(detector)  # before the models load: a missing detector fails fast
     device = resolve_device(device_name)

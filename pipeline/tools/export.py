@@ -1,21 +1,31 @@
 """`pipeline export`: a checkpoint -> `<name>.onnx` + `<name>.json` (the format and its
-reader are in pipeline/formats/onnx_meta.py), checked against PyTorch on demo crops, optionally
+reader are in pipeline/formats/onnx_export.py), checked against PyTorch on demo crops, optionally
 quantized to int8 (onnxruntime static QDQ on the convolutions, same inputs and outputs)."""
 
 from __future__ import annotations
 
 import logging
 import os
+import tempfile
 import warnings
 from pathlib import Path
 from typing import Any
 
 import click
+import cv2
 import numpy as np
 import torch
 
 from pipeline.core.errors import PipelineError
-from pipeline.formats.onnx_meta import INPUT, OnnxModel, export_meta, json_path, onnx_available, onnx_bytes
+from pipeline.core.io import atomic_path, write_json
+from pipeline.formats.cache import load_cache
+from pipeline.formats.checkpoint import checkpoint_crop, load_model
+from pipeline.formats.onnx_export import INPUT, export_meta, json_path, onnx_bytes
+from pipeline.inference.onnx_runtime import OnnxModel, onnx_available
+from pipeline.inference.tta import predict_crops
+from pipeline.keypoints.geometry import crop_one, crop_transform
+from pipeline.keypoints.preprocess import faces_to_chw, normalize_batch, resize_batch
+from pipeline.synth.face import render_photo
 
 log = logging.getLogger(__name__)
 
@@ -26,9 +36,6 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, ver
     compare onnxruntime with PyTorch on a few demo faces and record the max difference.
     `int8`: statically quantized convolutions (`quantize_int8`), calibrated on the face
     cache split `calibration` (else demo faces)."""
-    from pipeline.formats.checkpoint import load_model
-    from pipeline.core.io import atomic_path, write_json
-
     out = Path(out)
     if out.suffix != ".onnx":
         raise PipelineError(out, "the export file name must end in .onnx")
@@ -60,10 +67,6 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, ver
 
 def demo_crops(size: int, n: int = 8, seed: int = 0, expand: float = 1.25) -> np.ndarray:
     """n synthetic demo faces cropped at `size` px as the pipeline crops them, (n, size, size, 3)."""
-    import cv2
-
-    from pipeline.stages.demo import render_photo
-    from pipeline.keypoints.geometry import crop_one, crop_transform
 
     crops = []
     for photo in range(n):
@@ -77,9 +80,6 @@ def demo_crops(size: int, n: int = 8, seed: int = 0, expand: float = 1.25) -> np
 
 def verify_export(model: torch.nn.Module, ckpt: dict, data: bytes, faces: np.ndarray | None = None) -> dict:
     """Max |torch - onnxruntime| of the crop-pixel coordinates (plain and flip TTA)."""
-    from pipeline.formats.checkpoint import checkpoint_crop
-    from pipeline.inference.tta import predict_crops
-
     if not onnx_available():
         return {"skipped": "onnxruntime not installed (pip install 'pipeline[onnx]')"}
     size, expand = checkpoint_crop(ckpt)
@@ -99,8 +99,6 @@ def verify_export(model: torch.nn.Module, ckpt: dict, data: bytes, faces: np.nda
 def network_inputs(faces: np.ndarray, input_size: int, in_chans: int) -> np.ndarray:
     """uint8 crops (N, S, S, 3) -> the graph's input (N, C, H, W) float32, as predict_crops
     makes it (one definition of the preprocessing)."""
-    from pipeline.keypoints.preprocess import faces_to_chw, normalize_batch, resize_batch
-
     return resize_batch(normalize_batch(faces_to_chw(faces, in_chans)), input_size).numpy()
 
 
@@ -108,9 +106,6 @@ def calibration_faces(ckpt: dict, source: str | os.PathLike | None, n: int = 128
     """(uint8 crops (n, S, S, 3), where from) to calibrate int8 activations on: the first n
     faces of a face cache split (e.g. data/cache/train, cropped as the model was trained),
     else synthetic demo faces (a poorer calibration: say so)."""
-    from pipeline.formats.cache import load_cache
-    from pipeline.formats.checkpoint import checkpoint_crop
-
     size, expand = checkpoint_crop(ckpt)
     if source is None:
         log.warning("int8 calibration on %d synthetic demo faces; pass --calibration data/cache/train "
@@ -127,8 +122,6 @@ def quantize_int8(data: bytes, calib: np.ndarray) -> bytes:
     activations uint8 with min/max ranges from `calib` (N, C, H, W); the soft-argmax
     (softmax, expectations) stays float32. With AVX512-VNNI (or AVX2) onnxruntime runs the
     convolutions in int8: the largest saving one face at a time once the graph is fp32-optimal."""
-    import tempfile
-
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 

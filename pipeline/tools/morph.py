@@ -6,15 +6,11 @@ the average of the two shapes), and frame t in [0, 1] warps every triangle of A 
 onto the shape (1 - t) A + t B (cv2.getAffineTransform + warpAffine inside a triangle
 mask) and cross-dissolves the two.
 
-OpenCV writes no GIF, so this module has a small GIF89a encoder: a fixed 6x6x6 colour
-cube with 4x4 ordered (Bayer) dithering, LZW compression with variable code widths and a
-clear code when the table is full, and the NETSCAPE2.0 loop extension."""
+The GIF (and MP4) writers are in pipeline/formats/images.py."""
 
 from __future__ import annotations
 
 import logging
-import os
-import struct
 from pathlib import Path
 from typing import Sequence
 
@@ -23,154 +19,17 @@ import cv2
 import numpy as np
 
 from pipeline.core.config import config_options
+from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
+from pipeline.core.paths import CACHE_DIR
+from pipeline.formats.cache import dataset_root
+from pipeline.formats.images import write_gif, write_mp4
+from pipeline.inference.photos import PhotoReader, cache_face, face_in_photo, is_index, meta_box
+from pipeline.inference.predictor import load_models
+from pipeline.inference.tta import predict_boxes
+from pipeline.keypoints.geometry import crop_one, crop_transform, to_crop
 
 log = logging.getLogger(__name__)
-
-# --------------------------------------------------------------------------------------
-# GIF89a encoder
-
-_LEVELS = np.arange(6) * 51  # 0, 51, ..., 255
-# palette index r * 36 + g * 6 + b, padded with black to the 256 entries of an 8-bit table
-CUBE_PALETTE = np.zeros((256, 3), dtype=np.uint8)
-CUBE_PALETTE[:216] = np.stack(np.meshgrid(_LEVELS, _LEVELS, _LEVELS, indexing="ij"), -1).reshape(-1, 3)
-_BAYER4 = np.array([[0, 8, 2, 10], [12, 4, 14, 6], [3, 11, 1, 9], [15, 7, 13, 5]], dtype=np.float32)
-
-
-def quantize_cube(rgb: np.ndarray, dither: bool = True) -> np.ndarray:
-    """RGB uint8 (H, W, 3) -> CUBE_PALETTE indices uint8 (H, W). With ordered dithering each
-    channel level is floor(c * 5 / 255 + t), t the 4x4 Bayer threshold in (0, 1) of the
-    pixel, so colours on the cube (multiples of 51) come out exactly."""
-    v = np.asarray(rgb, dtype=np.float32) * (5.0 / 255.0)
-    h, w = v.shape[:2]
-    if dither:
-        t = (np.tile(_BAYER4, (h // 4 + 1, w // 4 + 1))[:h, :w] + 0.5) / 16.0
-        q = np.floor(v + t[..., None])
-    else:
-        q = np.floor(v + 0.5)
-    q = np.clip(q, 0, 5).astype(np.uint8)
-    return (q[..., 0] * 36 + q[..., 1] * 6 + q[..., 2]).astype(np.uint8)
-
-
-def lzw_encode(indices: np.ndarray | bytes, min_code_size: int = 8) -> bytes:
-    """GIF LZW: clear code first, codes packed LSB-first, the code width grows when the
-    next code to assign no longer fits (up to 12 bits), a clear code and a fresh table
-    when code 4095 has been assigned, then the end-of-information code."""
-    data = bytes(np.asarray(indices, dtype=np.uint8).reshape(-1)) if not isinstance(indices, bytes) else indices
-    clear, eoi = 1 << min_code_size, (1 << min_code_size) + 1
-    out = bytearray()
-    acc = nbits = 0
-
-    def emit(code: int, width: int) -> None:
-        nonlocal acc, nbits
-        acc |= code << nbits
-        nbits += width
-        while nbits >= 8:
-            out.append(acc & 0xFF)
-            acc >>= 8
-            nbits -= 8
-
-    width, next_code, table = min_code_size + 1, eoi + 1, {}
-    emit(clear, width)
-    if data:
-        prefix = data[0]
-        for b in data[1:]:
-            key = (prefix << 8) | b
-            code = table.get(key)
-            if code is not None:
-                prefix = code
-                continue
-            emit(prefix, width)
-            table[key] = next_code
-            next_code += 1
-            # the decoder, one code behind, widens after it reads this code: so do we
-            if next_code - 1 == 1 << width and width < 12:
-                width += 1
-            if next_code == 4096:
-                emit(clear, width)
-                width, next_code, table = min_code_size + 1, eoi + 1, {}
-            prefix = b
-        emit(prefix, width)
-        # the decoder counts this last code as well before it reads the end code
-        next_code += 1
-        if next_code - 1 == 1 << width and width < 12:
-            width += 1
-    emit(eoi, width)
-    if nbits:
-        out.append(acc & 0xFF)
-    return bytes(out)
-
-
-def _sub_blocks(data: bytes) -> bytes:
-    chunks = [bytes([len(data[i:i + 255])]) + data[i:i + 255] for i in range(0, len(data), 255)]
-    return b"".join(chunks) + b"\x00"
-
-
-def encode_gif(frames: Sequence[np.ndarray], delay_cs: int = 8, loop: int = 0,
-               palette: np.ndarray | None = None, dither: bool = True) -> bytes:
-    """GIF89a bytes of equal-size frames: RGB uint8 (H, W, 3) frames are quantised to the
-    colour cube; uint8 (H, W) frames are taken as indices into `palette` (256 x 3, default
-    the cube). `delay_cs` per frame in 1/100 s; `loop` 0 = forever."""
-    if not len(frames):
-        raise ValueError("encode_gif: no frames")
-    pal = CUBE_PALETTE if palette is None else np.asarray(palette, dtype=np.uint8)
-    if pal.shape != (256, 3):
-        raise ValueError(f"encode_gif: palette must be (256, 3), got {pal.shape}")
-    h, w = frames[0].shape[:2]
-    if not (0 < w < 65536 and 0 < h < 65536):
-        raise ValueError(f"encode_gif: bad frame size {w}x{h}")
-    buf = bytearray(b"GIF89a")
-    # logical screen: global colour table of 2^(7+1) entries, 8-bit colour resolution
-    buf += struct.pack("<HHBBB", w, h, 0xF7, 0, 0)
-    buf += pal.tobytes()
-    # NETSCAPE2.0 application extension: loop count
-    buf += b"\x21\xFF\x0BNETSCAPE2.0\x03\x01" + struct.pack("<H", loop) + b"\x00"
-    for f in frames:
-        f = np.asarray(f)
-        if f.shape[:2] != (h, w):
-            raise ValueError(f"encode_gif: frame of size {f.shape[1]}x{f.shape[0]}, expected {w}x{h}")
-        idx = quantize_cube(f, dither) if f.ndim == 3 else f.astype(np.uint8)
-        # graphic control extension: disposal 1 (leave in place), delay, no transparency
-        buf += b"\x21\xF9\x04" + struct.pack("<BHB", 0x04, int(delay_cs), 0) + b"\x00"
-        # image descriptor: full frame, no local colour table, not interlaced
-        buf += b"\x2C" + struct.pack("<HHHHB", 0, 0, w, h, 0)
-        buf += b"\x08" + _sub_blocks(lzw_encode(idx, 8))
-    buf += b"\x3B"
-    return bytes(buf)
-
-
-def write_gif(path: str | os.PathLike, frames: Sequence[np.ndarray], delay_cs: int = 8, loop: int = 0) -> Path:
-    """An animated GIF of RGB frames, written to a temp file and renamed."""
-    from pipeline.core.io import write_bytes
-
-    return write_bytes(path, encode_gif(frames, delay_cs, loop), ".gif")
-
-
-def write_mp4(path: str | os.PathLike, frames: Sequence[np.ndarray], fps: float) -> Path:
-    """MP4 (mp4v) through cv2.VideoWriter; written to a temp .mp4, then renamed."""
-    import tempfile
-
-    from pipeline.core.io import write_bytes
-
-    path = Path(path)
-    h, w = frames[0].shape[:2]
-    # VideoWriter picks the container by the extension and writes to a path: a private
-    # temp folder, then the bytes are published atomically
-    with tempfile.TemporaryDirectory(prefix=".morph-") as d:
-        real = Path(d) / "out.mp4"
-        vw = cv2.VideoWriter(str(real), cv2.VideoWriter_fourcc(*"mp4v"), float(fps), (w, h))
-        try:
-            if not vw.isOpened():
-                raise PipelineError(path, "cv2.VideoWriter cannot write mp4v (OpenCV built without a video backend?)")
-            for f in frames:
-                vw.write(cv2.cvtColor(f, cv2.COLOR_RGB2BGR))
-        finally:
-            vw.release()
-        return write_bytes(path, real.read_bytes(), ".mp4")
-
-
-# --------------------------------------------------------------------------------------
-# morphing
 
 
 def border_points(size: int) -> np.ndarray:
@@ -265,11 +124,6 @@ def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, 
                expand: float, data_dir: str | None, device) -> tuple[np.ndarray, np.ndarray, str]:
     """(face frame (size, size, 3) RGB, its keypoints (K, 2) frame px, description) for a
     photo path (largest detected face) or an index into the cache split (its photo and box)."""
-    from pipeline.formats.cache import dataset_root
-    from pipeline.keypoints.geometry import crop_one, crop_transform, to_crop
-    from pipeline.inference.tta import predict_boxes
-    from pipeline.inference.photos import PhotoReader, cache_face, face_in_photo, is_index, meta_box
-
     if is_index(source):
         cache, i = cache_face(cache_dir, split, int(source))
         row = cache.meta.iloc[i]
@@ -288,9 +142,6 @@ def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, 
               cache: str, split: str, data_dir: str | None, mp4: bool, device: str, backend: str,
               cfg: dict) -> list[Path]:
     """Frames morphing face A into face B -> GIF (and MP4); returns the files written."""
-    from pipeline.inference.predictor import load_models
-    from pipeline.core.device import resolve_device
-
     if n_frames < 2:
         raise PipelineError(None, f"--frames must be >= 2, got {n_frames}")
     if size < 16 or expand <= 0 or fps <= 0:
@@ -317,7 +168,7 @@ def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, 
 @click.option("--fps", default=10.0, show_default=True)
 @click.option("--size", default=192, show_default=True, help="frame side in pixels")
 @click.option("--expand", default=1.6, show_default=True, help="frame side / face box side")
-@click.option("--cache", default="data/cache", show_default=True, help="face cache, for integer A / B")
+@click.option("--cache", default=CACHE_DIR, show_default=True, help="face cache, for integer A / B")
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
 @click.option("--data-dir", default=None, help="dataset folder with the photos [default: params data.dir]")
 @click.option("--mp4", is_flag=True, help="also write the same frames as <out>.mp4 (cv2.VideoWriter, mp4v)")

@@ -17,19 +17,37 @@ from typing import Sequence
 import click
 import cv2
 import numpy as np
+import torch
+from torch import nn
 
 from pipeline.core.config import config_options
-from pipeline.keypoints.draw import (PRED_COLOR, TRUTH_COLOR, contact_sheet, draw_box, draw_lines, draw_points, point_colors,
-                           put_label, write_png)
 from pipeline.core.errors import PipelineError
-from pipeline.keypoints.geometry import box_corners
+from pipeline.core.paths import CACHE_DIR, PREDICTIONS_DIR
+from pipeline.formats.cache import dataset_root, load_cache
+from pipeline.formats.checkpoint import checkpoint_crop, load_model
+from pipeline.formats.images import write_png
+from pipeline.formats.predictions import read_predictions
+from pipeline.inference.photos import PhotoReader, cache_face, face_in_photo, is_index, meta_box
+from pipeline.inference.predictor import load_predictor
+from pipeline.keypoints.draw import (
+    PRED_COLOR,
+    TRUTH_COLOR,
+    contact_sheet,
+    draw_box,
+    draw_lines,
+    draw_points,
+    point_colors,
+    put_label,
+)
+from pipeline.keypoints.geometry import box_corners, crop_one, crop_transform, to_crop
 from pipeline.keypoints.metrics import per_face_mae
-from pipeline.inference.photos import PhotoReader, meta_box
+from pipeline.keypoints.preprocess import faces_to_chw, normalize_batch, resize_batch
+from pipeline.keypoints.schema import schema_from_dict
 
 log = logging.getLogger(__name__)
 
 
-# iBUG 68: eye outer corners, nose tip, mouth corners (the seed's interpretability figure)
+# iBUG 68: eye outer corners, nose tip, mouth corners (the reference recipe's interpretability figure)
 DEFAULT_HEATMAP_POINTS = (36, 45, 30, 48, 54)
 
 
@@ -39,16 +57,12 @@ DEFAULT_HEATMAP_POINTS = (36, 45, 30, 48, 54)
 
 def face_tile(image: np.ndarray, box: Sequence[float], size: int, expand: float = 1.35):
     """A square `size` px view of the photo around the box: (tile RGB, (2, 3) tile->photo affine)."""
-    from pipeline.keypoints.geometry import crop_one, crop_transform
-
     a = crop_transform(box, expand, size)
     return crop_one(image, a, size), a
 
 
 def to_tile(points: np.ndarray, a: np.ndarray) -> np.ndarray:
     """(K, 2) photo pixels -> tile pixels through the tile->photo affine `a`."""
-    from pipeline.keypoints.geometry import to_crop
-
     return to_crop(np.asarray(points, dtype=np.float64)[None], np.asarray(a)[None])[0]
 
 
@@ -97,9 +111,6 @@ def worst_sheet(cache, pred: np.ndarray, photos: PhotoReader, n: int, tile: int)
 
 def run_show(cfg: dict, cache_dir: str, predictions: str, data_dir: str | None, out_dir: str, n: int,
              worst: int, tile: int) -> dict[str, Path]:
-    from pipeline.formats.cache import dataset_root, load_cache
-    from pipeline.formats.predictions import read_predictions
-
     if tile < 16:
         raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
     root = dataset_root(cfg["data"], data_dir)
@@ -132,8 +143,8 @@ def run_show(cfg: dict, cache_dir: str, predictions: str, data_dir: str | None, 
 
 
 @click.command("show")
-@click.option("--cache", default="data/cache", show_default=True, help="face cache folder (from `crop`)")
-@click.option("--predictions", default="predictions", show_default=True, help="folder with test.npz and oof.npz")
+@click.option("--cache", default=CACHE_DIR, show_default=True, help="face cache folder (from `crop`)")
+@click.option("--predictions", default=PREDICTIONS_DIR, show_default=True, help="folder with test.npz and oof.npz")
 @click.option("--data-dir", default=None, help="dataset folder with the photos [default: params data.dir]")
 @click.option("--out", "out_dir", default="plots/show", show_default=True)
 @click.option("--n", "n", default=16, show_default=True, help="test faces on the sheet (0: no test sheet)")
@@ -169,10 +180,6 @@ def face_from_source(source: str, ckpt: dict, cache_dir: str, split: str = "test
     """The network's view of a face: (crop RGB uint8 (S, S, 3), description). `source` is an
     integer index into the cache split (its cached crop), or a photo path (the largest
     detected face, cropped with the checkpoint's stamped crop geometry)."""
-    from pipeline.formats.checkpoint import checkpoint_crop
-    from pipeline.keypoints.geometry import crop_one, crop_transform
-    from pipeline.inference.photos import cache_face, face_in_photo, is_index
-
     if is_index(source):
         cache, i = cache_face(cache_dir, split, int(source))
         return np.array(cache.faces[i]), f"{split} face {i} ({cache.meta.iloc[i].face_id})"
@@ -183,9 +190,6 @@ def face_from_source(source: str, ckpt: dict, cache_dir: str, split: str = "test
 
 def probability_maps(model, face: np.ndarray, in_chans: int, input_size: int):
     """(coords (K, 2) input px, probs (K, H, W), network-input face RGB (H, W, 3))."""
-    import torch
-
-    from pipeline.keypoints.preprocess import faces_to_chw, normalize_batch, resize_batch
 
     x = faces_to_chw(face[None], in_chans)
     with torch.no_grad():
@@ -209,8 +213,6 @@ def overlay_map(face: np.ndarray, prob: np.ndarray, tile: int, alpha: float = 0.
 def heatmap_figure(model, ckpt: dict, face: np.ndarray, points: Sequence[int], tile: int,
                    alpha: float = 0.65) -> np.ndarray:
     """One row: the face with the chosen points, then one map panel per point."""
-    from pipeline.keypoints.schema import schema_from_dict
-
     if not hasattr(model, "forward_maps"):
         raise PipelineError(None, f"model '{ckpt['model_config'].get('preset')}' regresses coordinates "
                                   "directly and has no heatmaps (forward_maps); use a heatmap model (resunet-*)")
@@ -237,9 +239,6 @@ def heatmap_figure(model, ckpt: dict, face: np.ndarray, points: Sequence[int], t
 def run_heatmaps(source: str, checkpoint: str, cache: str, split: str, points: str | None, tile: int,
                  alpha: float, out: str) -> Path:
     """The heatmap figure of a face (cache index or photo) for a heatmap model -> PNG."""
-    from pipeline.inference.predictor import load_predictor
-    from pipeline.keypoints.schema import schema_from_dict
-
     if tile < 16:
         raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
     model, ckpt = load_predictor(checkpoint, None, "cpu")  # one face: the CPU is enough
@@ -257,7 +256,7 @@ def run_heatmaps(source: str, checkpoint: str, cache: str, split: str, points: s
 @click.command("heatmaps")
 @click.argument("image_or_index")
 @click.option("--checkpoint", required=True, help="heatmap model checkpoint (e.g. models/fold0/best.pt) or exported .onnx")
-@click.option("--cache", default="data/cache", show_default=True, help="face cache, for an integer IMAGE_OR_INDEX")
+@click.option("--cache", default=CACHE_DIR, show_default=True, help="face cache, for an integer IMAGE_OR_INDEX")
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
 @click.option("--points", default=None, help="keypoint indices [default: 36,45,30,48,54 (eye corners, "
                                              "nose tip, mouth corners) for iBUG 68]")
@@ -275,8 +274,6 @@ def heatmaps_cmd(image_or_index, checkpoint, cache, split, points, tile, alpha, 
 
 def first_conv(model):
     """(qualified name, nn.Conv2d) of the first 2-D convolution in module order."""
-    from torch import nn
-
     for name, m in model.named_modules():
         if isinstance(m, nn.Conv2d):
             return name, m
@@ -302,8 +299,6 @@ def filter_grid(weight: np.ndarray, tile: int = 32, cols: int | None = None) -> 
 
 def run_filters(checkpoint: str, out: str, tile: int, cols: int) -> Path:
     """The first conv layer's filters of a checkpoint as an image grid -> PNG."""
-    from pipeline.formats.checkpoint import load_model
-
     model, ckpt = load_model(checkpoint, "cpu")
     name, conv = first_conv(model)
     weight = conv.weight.detach().float().cpu().numpy()

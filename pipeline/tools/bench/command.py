@@ -1,0 +1,187 @@
+"""The `bench` command: every section in one run on one device, the table and the JSON."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+from typing import Any, Sequence
+
+import click
+import torch
+
+from pipeline.core.config import config_options
+from pipeline.core.device import resolve_device
+from pipeline.core.errors import PipelineError
+from pipeline.core.io import write_json
+from pipeline.formats.checkpoint import checkpoint_crop, load_model
+from pipeline.keypoints.schema import get_schema
+from pipeline.models import create_model, default_input_size, list_presets
+from pipeline.tools.bench.accuracy import bench_accuracy
+from pipeline.tools.bench.batch1 import bench_batch1, sample_test_crops
+from pipeline.tools.bench.detectors import bench_detectors
+from pipeline.tools.bench.inference import bench_infer
+from pipeline.tools.bench.report import format_table
+from pipeline.tools.bench.timing import matmul_peak
+from pipeline.tools.bench.training import bench_train, demo_cache
+
+log = logging.getLogger(__name__)
+
+DEFAULT_DATA = Path("..") / "shared" / "data" / "ibug300w-mini"
+
+
+# ------------------------------------------------------------------------------ helpers
+
+
+# ------------------------------------------------------------------------------ training
+
+
+# ------------------------------------------------------------------------------ inference
+
+
+# ------------------------------------------------------------------------------ accuracy
+
+
+# ------------------------------------------------------------------------------ the run
+
+def resolve_data_dir(data: str | None) -> Path | None:
+    """--data, else ../shared/data/ibug300w-mini relative to the cwd or to the repo, if present."""
+    if data:
+        p = Path(data)
+        if not p.is_dir():
+            raise PipelineError(p, "data set folder not found")
+        return p
+    for base in (Path.cwd(), Path(__file__).resolve().parents[1]):
+        p = (base / DEFAULT_DATA).resolve()
+        if p.is_dir():
+            return p
+    return None
+
+
+def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | None, input_size: int | None,
+              data: str | None, checkpoints: Sequence[str], device_name: str, cache: str | None = None,
+              infer_batch: int = 64, rounds: int = 2, min_time: float = 1.0, matmul_n: int = 2048,
+              use_dlib: bool = True, accuracy: bool = True, detectors: bool = True) -> dict[str, Any]:
+    device = resolve_device(device_name)
+    mcfg = cfg["model"]
+    res: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
+                           "note": "timings on a shared machine are noisy; compare ratios within one run"}
+    if device.type == "cuda":
+        res["device_name"] = torch.cuda.get_device_name(device)
+    peak = {"fp32": matmul_peak(device, torch.float32, matmul_n)}
+    if device.type == "cuda":
+        peak["bf16"] = matmul_peak(device, torch.bfloat16, matmul_n)
+    res["matmul_peak_flops"] = peak
+    log.info("matmul peak: %s", ", ".join(f"{k} {v / 1e9:.1f} GFLOP/s" for k, v in peak.items()))
+
+    def size_for(preset: str) -> int:
+        if input_size:
+            return input_size
+        return mcfg["input_size"] if preset == mcfg["preset"] else default_input_size(preset)
+
+    def options_for(preset: str) -> dict:
+        return dict(mcfg["options"]) if preset == mcfg["preset"] else {}
+
+    with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
+        res["train"] = {}
+        for preset in presets:
+            size = size_for(preset)
+            cache_dir = Path(cache) if cache else None
+            if cache_dir is None:
+                cache_dir = Path(tmp) / f"s{size}" / "cache"
+                if not cache_dir.exists():
+                    log.info("no --cache: building a demo cache at %d px", size)
+                    demo_cache(cache_dir.parent, size)
+            log.info("train %s at %d px ...", preset, size)
+            tr = bench_train(cfg, preset, cache_dir, steps, batch_size or cfg["train"]["batch_size"], size, device,
+                             rounds=rounds, options=options_for(preset))
+            tr["compute_efficiency_synthetic"] = tr["train_flops_per_image"] * tr["images_per_s_synthetic"] / peak["fp32"]
+            tr["compute_efficiency_real"] = tr["train_flops_per_image"] * tr["images_per_s_real"] / peak["fp32"]
+            if "bf16" in peak:
+                tr["compute_efficiency_synthetic_bf16_peak"] = (tr["train_flops_per_image"] *
+                                                                tr["images_per_s_synthetic"] / peak["bf16"])
+            res["train"][preset] = tr
+
+    schema = get_schema(cfg["data"])
+    res["infer"] = {}
+    for preset in presets:
+        log.info("inference %s ...", preset)
+        res["infer"][preset] = bench_infer(preset, schema.k, schema.flip_perm, size_for(preset), mcfg["in_chans"],
+                                           device, infer_batch, min_time, options_for(preset))
+
+    # one face at a time on one core: the first .pt checkpoint, else the first preset untrained
+    pts = [c for c in checkpoints if Path(c).suffix != ".onnx"]
+    if pts:
+        model, meta = load_model(pts[0], "cpu", schema=schema)
+        crop_size = checkpoint_crop(meta, pts[0])[0]
+        res["batch1_model"] = str(pts[0])
+    else:
+        torch.manual_seed(0)
+        model = create_model(presets[0], schema.k, in_chans=mcfg["in_chans"], input_size=size_for(presets[0]),
+                             **options_for(presets[0]))
+        crop_size = cfg["crop"]["side"]
+        meta = {"model_config": model.config, "schema": schema.to_dict(),
+                "crop": {"size": crop_size, "expand": cfg["crop"]["expand"], "label_origin": cfg["data"]["label_origin"]}}
+        res["batch1_model"] = f"{presets[0]} (untrained)"
+    log.info("batch 1, one core: %s ...", res["batch1_model"])
+    res["batch1"] = bench_batch1(model, meta, crop_size, max(min_time, 0.01) * 3, use_dlib=use_dlib,
+                                 faces=sample_test_crops(resolve_data_dir(data) if accuracy else None, cfg, meta),
+                                 expand=checkpoint_crop(meta)[1])
+
+    data_dir = resolve_data_dir(data) if (accuracy or detectors) else None
+    if accuracy and data_dir is not None and (data_dir / cfg["data"]["solution"]).exists():
+        log.info("accuracy on %s ...", data_dir)
+        res["accuracy"] = bench_accuracy(data_dir, cfg, checkpoints, device, use_dlib=use_dlib)
+    else:
+        if checkpoints and accuracy:
+            raise PipelineError(data or DEFAULT_DATA, "checkpoints given but no data set with a solution.csv")
+        res["accuracy"] = {"skipped": "no data set with a solution (--data DIR)" if accuracy else "--no-accuracy"}
+    if detectors and data_dir is not None and (data_dir / cfg["data"]["test_xml"]).exists():
+        res["detectors"] = bench_detectors(data_dir, cfg)
+    else:
+        res["detectors"] = {"skipped": "no data set with a test XML (--data DIR)" if detectors else "--no-detectors"}
+    return res
+
+
+def _csv(text: str | None) -> list[str]:
+    return [s.strip() for s in (text or "").split(",") if s.strip()]
+
+
+@click.command("bench")
+@click.option("--presets", default=None, help="comma-separated model presets [params model.preset]")
+@click.option("--steps", default=5, show_default=True, type=click.IntRange(min=1), help="timed training steps per round")
+@click.option("--rounds", default=2, show_default=True, type=click.IntRange(min=1),
+              help="alternating real/synthetic rounds (best of each kept)")
+@click.option("--batch-size", default=None, type=click.IntRange(min=1), help="training batch [params train.batch_size]")
+@click.option("--input-size", default=None, type=click.IntRange(min=32), help="input px [params model.input_size / preset default]")
+@click.option("--infer-batch", default=64, show_default=True, type=click.IntRange(min=1), help="batched inference size")
+@click.option("--cache", default=None, help="training face cache (default: a temporary demo cache)")
+@click.option("--data", default=None, help="data set with solution.csv for accuracy [../shared/data/ibug300w-mini if present]")
+@click.option("--no-accuracy", is_flag=True, help="skip the accuracy section")
+@click.option("--checkpoints", "checkpoints", multiple=True, help="checkpoint to score (repeatable)")
+@click.argument("more_checkpoints", nargs=-1)
+@click.option("--device", default="auto", show_default=True)
+@click.option("--threads", default=None, type=click.IntRange(min=1),
+              help="torch threads for the whole run [torch default]; the 1-thread figures are measured anyway")
+@click.option("--min-time", default=1.0, show_default=True, type=float, help="seconds per inference measurement")
+@click.option("--matmul-n", default=2048, show_default=True, type=click.IntRange(min=64))
+@click.option("--no-dlib", is_flag=True, help="skip dlib even when installed")
+@click.option("--no-detectors", is_flag=True, help="skip the face detector table")
+@click.option("--out", "out_path", default="bench.json", show_default=True)
+@config_options
+def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache, data, no_accuracy, checkpoints,
+              more_checkpoints, device, threads, min_time, matmul_n, no_dlib, no_detectors, out_path, cfg):
+    """Training and inference speed, compute efficiency and accuracy in one run."""
+    names = _csv(presets) or [cfg["model"]["preset"]]
+    unknown = [n for n in names if n not in list_presets()]
+    if unknown:
+        raise PipelineError(None, f"unknown preset(s) {unknown} (known: {', '.join(list_presets())})")
+    if input_size is not None and input_size % 32:
+        raise PipelineError(None, f"--input-size must be a multiple of 32, got {input_size}")
+    if threads is not None:
+        torch.set_num_threads(threads)
+    res = run_bench(cfg, names, steps, batch_size, input_size, data, [*checkpoints, *more_checkpoints], device,
+                    cache, infer_batch, rounds, min_time, matmul_n, not no_dlib, not no_accuracy, not no_detectors)
+    write_json(out_path, res)
+    click.echo(format_table(res))
+    click.echo(f"\nwrote {out_path}")

@@ -1,0 +1,178 @@
+"""One training run built once (`build_training` -> `TrainSetup`: model, optimizer, AMP scaler,
+loss, augmenting dataset, sampler, schedule state), its epochs' loaders, the fold it trains on,
+what its checkpoints carry, and resuming from them. `pipeline train` and `pipeline bench`
+build the same setup."""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from pipeline.core.config import params_source
+from pipeline.core.device import amp_dtype, use_channels_last
+from pipeline.core.errors import PipelineError
+from pipeline.formats.cache import load_cache
+from pipeline.formats.checkpoint import load_checkpoint
+from pipeline.formats.folds import read_folds
+from pipeline.keypoints.geometry import crop_to_input
+from pipeline.models import create_model
+from pipeline.training.augment import TrainAugment
+from pipeline.training.loader import DeviceLoader, EpochSampler, FaceDataset, make_loader
+from pipeline.training.loop import StepState
+from pipeline.training.losses import loss_from_params
+from pipeline.training.optim import build_optimizer
+
+log = logging.getLogger(__name__)
+
+# The params sections a fold's training depends on: a checkpoint made under other values
+# of these is not resumed.
+TRAIN_SECTIONS = ("data", "crop", "folds", "model", "train")
+
+
+def _config_key(cfg: dict) -> dict:
+    """The part of the config that must match for a checkpoint to be resumed. device,
+    workers and AMP choices change speed, not the result's meaning."""
+    key = {s: dict(cfg[s]) for s in TRAIN_SECTIONS}
+    for k in ("device", "num_workers"):
+        key["train"].pop(k, None)
+    return key
+
+
+@dataclass
+class TrainSetup:
+    """One training run, built once by `build_training`: the model and what updates it, the
+    data it learns from and where the schedule stands. `fit` runs its epochs (one
+    `make_epoch_loader` + `train_steps` each); `pipeline bench` times the same steps."""
+
+    cfg: dict
+    device: torch.device
+    amp: torch.dtype | None  # autocast dtype, None = fp32
+    channels_last: bool
+    model: torch.nn.Module  # the weights that are saved
+    net: torch.nn.Module  # what trains: the model, or its DDP wrapper (same parameters)
+    optimizer: torch.optim.Optimizer
+    scaler: Any  # torch.amp.GradScaler for fp16 autocast, else None
+    loss_fn: torch.nn.Module
+    dataset: Any  # data.FaceDataset of the training faces, with TrainAugment
+    sampler: Any  # data.EpochSampler
+    state: StepState
+    batch_size: int  # per rank: train.batch_size / world
+    mean_shape: np.ndarray  # (K, 2) mean training shape, input px
+    rank: int = 0
+    world: int = 1
+
+
+def build_training(cfg: dict, cache, train_idx: np.ndarray, device: torch.device, rank: int = 0,
+                   world: int = 1) -> TrainSetup:
+    """Model (seeded by train.seed), optimizer, AMP scaler, loss, augmenting dataset and
+    sampler for training on the faces `train_idx` of `cache`, with the lr schedule over
+    train.epochs. Under DDP (world > 1) the model is wrapped and each rank takes its share
+    of every batch."""
+    tcfg, mcfg = cfg["train"], cfg["model"]
+    if tcfg["batch_size"] % world:
+        raise PipelineError(params_source("train.batch_size"),
+                            f"train.batch_size {tcfg['batch_size']} is not divisible by "
+                            f"the {world} DDP processes")
+    # train.batch_size is the global batch: each rank takes its share, so the lr and the
+    # schedule do not change with the number of processes
+    rank_batch = tcfg["batch_size"] // world
+    torch.manual_seed(tcfg["seed"])
+    amp = amp_dtype(tcfg["amp"], device)
+    channels_last = use_channels_last(tcfg["channels_last"], device)
+    schema, cache_size, input_size = cache.schema, cache.faces.shape[1], mcfg["input_size"]
+
+    model = create_model(mcfg["preset"], schema.k, in_chans=mcfg["in_chans"], input_size=input_size,
+                         **mcfg["options"]).to(device)
+    if channels_last:
+        model = model.to(memory_format=torch.channels_last)
+    net = model
+    if world > 1:
+        net = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if device.type == "cuda" else None)
+    optimizer = build_optimizer(model, tcfg)
+    scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
+
+    # the mean shape of the training faces (input px) fixes the structure-loss neighbours
+    mean_shape = crop_to_input(cache.keypoints[train_idx].mean(0).astype(np.float64), cache_size, input_size)
+    neighbours = torch.as_tensor(schema.neighbours(mean_shape), device=device)
+    heatmap_model = hasattr(model, "forward_maps")
+    if tcfg["heatmap_lambda"] > 0 and not heatmap_model:
+        log.warning("%s regresses coordinates directly: train.heatmap_lambda ignored", mcfg["preset"])
+    loss_fn = loss_from_params(tcfg, input_size, neighbours, heatmap_model)
+
+    steps_per_epoch = math.ceil(math.ceil(len(train_idx) / world) / rank_batch)
+    state = StepState(0, steps_per_epoch * tcfg["epochs"],
+                      round(tcfg["warmup_epochs"] * steps_per_epoch), tcfg["lr"])
+    augment = TrainAugment(schema, cache_size, input_size, tcfg["scale_min"], tcfg["scale_max"],
+                           tcfg["flip"], tcfg["randaug_n"], tcfg["randaug_m"])
+    dataset = FaceDataset(cache.faces, cache.keypoints, train_idx, augment, mcfg["in_chans"])
+    sampler = EpochSampler(len(dataset), tcfg["seed"], rank=rank, world=world)
+    return TrainSetup(cfg, device, amp, channels_last, model, net, optimizer, scaler, loss_fn, dataset, sampler,
+                      state, rank_batch, mean_shape, rank, world)
+
+
+def make_epoch_loader(setup: TrainSetup, epoch: int):
+    """The DeviceLoader of epoch `epoch` (0-based): the sampler's order and the augmentation
+    draws are fixed by (train.seed, epoch, rank), so a resumed run sees exactly the batches
+    the uninterrupted one saw.
+
+    Seeds torch's global RNG, which the augmentation draws from when train.num_workers is
+    0 (in the loader's producer thread): nothing else may draw from it during the epoch."""
+    tcfg = setup.cfg["train"]
+    # per rank too, or every DDP rank would draw the same augmentation sequence
+    epoch_seed = tcfg["seed"] * 1000 + epoch + 1_000_003 * setup.rank
+    torch.manual_seed(epoch_seed)
+    setup.sampler.set_epoch(epoch)
+    loader = make_loader(setup.dataset, setup.batch_size, setup.sampler, setup.device, tcfg["num_workers"],
+                         drop_last=False, seed=epoch_seed)
+    return DeviceLoader(loader, setup.device, setup.channels_last)
+
+
+def load_fold(cache_dir: str | Path, folds_path: str | Path, fold: int):
+    """(training cache, train indices, validation indices) of fold `fold`."""
+    cache = load_cache(Path(cache_dir) / "train")
+    if cache.keypoints is None:
+        raise PipelineError(Path(cache_dir) / "train", "training cache has no keypoints")
+    fold_of = read_folds(folds_path, cache.meta, Path(cache_dir) / "train")  # rows must be the cache's faces
+    k = int(fold_of.max()) + 1
+    if not 0 <= fold < k:
+        raise PipelineError(folds_path, f"fold {fold} out of range: folds are 0..{k - 1}")
+    return cache, np.flatnonzero(fold_of != fold), np.flatnonzero(fold_of == fold)
+
+
+def checkpoint_meta(setup: TrainSetup, cache, fold: int) -> dict[str, Any]:
+    """What every checkpoint of this run carries besides the weights and the step state."""
+    # "crop": the geometry of the cache the model actually saw (params may name another
+    # size than the cache on disk); standalone prediction must crop new faces the same way
+    return {"model_config": setup.model.config, "schema": cache.schema.to_dict(), "config": setup.cfg,
+            "crop": {"size": int(cache.faces.shape[1]), "expand": float(cache.info["expand"]),
+                     "label_origin": float(cache.info.get("label_origin", 0.0))},
+            "mean_shape": setup.mean_shape.tolist(), "fold": fold}
+
+
+def resume_training(setup: TrainSetup, out: Path, schema, fold: int) -> tuple[int, float, list[dict]]:
+    """Load out/last.pt into the setup when it was made with the same params: (epochs done,
+    best val MAE, history); (0, inf, []) when there is nothing to resume."""
+    last_path = out / "last.pt"
+    if not last_path.exists():
+        return 0, float("inf"), []
+    ck = load_checkpoint(last_path, "cpu", schema)
+    if "config" not in ck or _config_key(ck["config"]) != _config_key(setup.cfg):
+        log.info("fold %d: %s was trained with other params; starting afresh", fold, last_path)
+        return 0, float("inf"), []
+    setup.model.load_state_dict(ck["model"])
+    setup.optimizer.load_state_dict(ck["optimizer"])
+    if setup.scaler is not None and ck.get("scaler"):
+        setup.scaler.load_state_dict(ck["scaler"])
+    setup.state.step = ck["scheduler_step"]
+    best_mae, history = ck["best_mae"], list(ck.get("history", []))
+    if not (out / "best.pt").exists():
+        best_mae = float("inf")  # best.pt was removed: the next epoch rewrites it
+    log.info("fold %d: resuming from %s at epoch %d", fold, last_path, ck["epoch"])
+    return ck["epoch"], best_mae, history

@@ -1,0 +1,187 @@
+
+import pytest
+import yaml
+
+from pipeline.core.config import DEFAULTS, load_config, parse_override, write_resolved
+from pipeline.core.errors import PipelineError
+
+from conftest import REPO
+
+
+def test_params_yaml_matches_defaults_except_data_dir():
+    # params.yaml is the documented default run: it must not drift from the code defaults
+    cfg = load_config(REPO / "params.yaml")
+    assert cfg["data"]["dir"] == "data/demo"
+    cfg["data"]["dir"] = None
+    assert cfg == DEFAULTS
+
+
+@pytest.mark.parametrize("recipe", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)
+def test_recipes_set_every_param(recipe):
+    # `make repro RECIPE=...` copies a recipe over params.yaml, and dvc.yaml names params
+    # that must then exist: a recipe carries every key, and loads
+    def keys(d, prefix=""):
+        return {prefix + k for k, v in d.items()} | {
+            kk for k, v in d.items() if isinstance(v, dict) and k != "options" for kk in keys(v, prefix + k + ".")}
+
+    recipe_keys = keys(yaml.safe_load(recipe.read_text()))
+    assert recipe_keys == keys(DEFAULTS)
+    load_config(recipe)
+
+
+def test_override_beats_file(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text("train:\n  lr: 0.5\n  epochs: 3\n")
+    cfg = load_config(p, ["train.lr=0.1", "model.options={width: 0.5}"])
+    assert cfg["train"]["lr"] == 0.1 and cfg["train"]["epochs"] == 3
+    assert cfg["model"]["options"] == {"width": 0.5}
+    assert cfg["train"]["batch_size"] == DEFAULTS["train"]["batch_size"]
+
+
+def test_int_accepted_for_float_and_stored_as_float(tmp_path):
+    cfg = load_config(None, ["train.lr=1"])
+    assert cfg["train"]["lr"] == 1.0 and isinstance(cfg["train"]["lr"], float)
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("train:\n  lrr: 0.1\n", "unknown key 'train.lrr'"),
+    ("nosuch:\n  a: 1\n", "unknown key 'nosuch'"),
+    ("train:\n  epochs: ten\n", "'train.epochs' must be int"),
+    ("train:\n  epochs: 2.5\n", "'train.epochs' must be int"),
+    ("predict:\n  tta: [1]\n", "'predict.tta' must be string"),
+    ("train: 3\n", "'train' must be a mapping"),
+    ("train:\n  lr: [\n", "invalid YAML"),
+])
+def test_bad_params_file_names_file_and_key(tmp_path, text, needle):
+    p = tmp_path / "bad.yaml"
+    p.write_text(text)
+    with pytest.raises(PipelineError) as e:
+        load_config(p)
+    assert needle in str(e.value) and str(p) in str(e.value)
+
+
+def test_missing_explicit_params_file_is_an_error(tmp_path):
+    with pytest.raises(PipelineError, match="params file not found"):
+        load_config(tmp_path / "nope.yaml")
+
+
+def test_parse_override_nested_and_malformed():
+    assert parse_override("a.b.c=3") == {"a": {"b": {"c": 3}}}
+    with pytest.raises(PipelineError):
+        parse_override("novalue")
+
+
+def test_write_resolved_only_named_sections(tmp_path):
+    cfg = load_config(None, ["train.epochs=7"])
+    path = write_resolved(cfg, tmp_path, ["train"])
+    data = yaml.safe_load(path.read_text())
+    assert list(data) == ["train"] and data["train"]["epochs"] == 7
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("crop:\n  expand: .nan\n", "'crop.expand' must be a finite number, got nan"),
+    ("crop:\n  expand: .inf\n", "'crop.expand' must be a finite number, got inf"),
+    ("crop:\n  expand: 0\n", "'crop.expand' must be a number in (0, 10]"),
+    ("crop:\n  side: 100000\n", "'crop.side' must be an integer in [8, 4096]"),
+    ("train:\n  batch_size: 0\n", "'train.batch_size' must be an integer >= 1, got 0"),
+    ("train:\n  lr: .nan\n", "'train.lr' must be a finite number"),
+    ("train:\n  lr: -0.1\n", "'train.lr' must be a number > 0"),
+    ("train:\n  epochs: -3\n", "'train.epochs' must be an integer >= 1, got -3"),
+    ("train:\n  seed: -1\n", "'train.seed' must be an integer >= 0, got -1"),
+    ("train:\n  flip: 1.5\n", "'train.flip' must be a number in [0, 1]"),
+    ("train:\n  channels_last: sometimes\n", "'train.channels_last' must be auto, on or off"),
+    ("folds:\n  k: 1\n", "'folds.k' must be an integer >= 2, got 1"),
+    ("folds:\n  train: [-1]\n", "'folds.train' must be a list of fold numbers"),
+    ("folds:\n  group_regex: '(unclosed'\n", "'folds.group_regex' must be a regex with a named group"),
+    ("folds:\n  group_regex: '^(.+)_\\d+$'\n", "'folds.group_regex' must be a regex with a named group"),
+    ("demo:\n  layout: 500w\n", "'demo.layout' must be flat or 300w"),
+    ("predict:\n  calibrate: sometimes\n", "'predict.calibrate' must be auto, on or off"),
+    ("train:\n  heatmap_lambda: -1\n", "'train.heatmap_lambda' must be a number in [0, 1e+06]"),
+    ("train:\n  heatmap_sigma: 0\n", "'train.heatmap_sigma' must be a number in (0, 1000]"),
+    ("data:\n  label_origin: .inf\n", "'data.label_origin' must be a finite number"),
+    ("train:\n  lr: 0.1\n  lr: 0.2\n", "duplicated key 'lr' (also on line 2)"),
+    ("train:\n  lr: 0.1\ntrain:\n  epochs: 2\n", "duplicated key 'train' (also on line 1)"),
+])
+def test_out_of_range_and_duplicated_keys_name_the_file(tmp_path, text, needle):
+    """A value out of its range (NaN, inf, 0, negative) or a key given twice is refused
+    with the params file named, the one actually read (not params.yaml)."""
+    p = tmp_path / "other.yaml"
+    p.write_text(text)
+    with pytest.raises(PipelineError) as e:
+        load_config(p)
+    assert str(e.value).startswith(f"{p}: ") and needle in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("override, needle", [
+    ("crop.expand=0", "--set crop.expand=0: 'crop.expand' must be a number in (0, 10]"),
+    ("train.batch_size=0", "--set train.batch_size=0: 'train.batch_size' must be an integer >= 1"),
+    ("train.lr=1e999", "--set train.lr=1e999: 'train.lr' must be a finite number"),
+])
+def test_out_of_range_override_names_the_set(override, needle):
+    with pytest.raises(PipelineError) as e:
+        load_config(None, [override])
+    assert str(e.value).startswith(needle), str(e.value)
+
+
+@pytest.mark.parametrize("typed, want", [("on", "on"), ("off", "off"), ("true", "on"), ("false", "off"),
+                                          ("yes", "on"), ("auto", "auto"), ("ON", "on")])
+def test_switches_accept_what_users_type(tmp_path, typed, want):
+    cfg = load_config(None, [f"train.channels_last={typed}", f"train.amp={typed}"])
+    assert cfg["train"]["channels_last"] == want and cfg["train"]["amp"] == want
+    p = tmp_path / "p.yaml"
+    p.write_text(f"train:\n  channels_last: {typed}\n  amp: {typed}\n")
+    cfg = load_config(p)
+    assert cfg["train"]["channels_last"] == want and cfg["train"]["amp"] == want
+
+
+def test_amp_on_means_enabled_where_it_can_run():
+    import torch
+
+    from pipeline.core.device import amp_dtype, use_channels_last
+
+    assert amp_dtype("on", torch.device("cpu")) == torch.bfloat16
+    assert amp_dtype("off", torch.device("cpu")) is None and amp_dtype("auto", torch.device("cpu")) is None
+    assert use_channels_last("on", torch.device("cpu")) and not use_channels_last("off", torch.device("cpu"))
+
+
+def test_no_param_named_size_or_nfiles():
+    """DVC's run cache drops params named `size` or `nfiles` at any depth from its key
+    (treeverse/dvc#10296): a change of one would re-use a stale result."""
+    from pipeline.core.config import DEFAULTS_FLAT
+
+    bad = [k for k in DEFAULTS_FLAT if k.split(".")[-1] in ("size", "nfiles")]
+    assert not bad
+    for path in [REPO / "params.yaml", *sorted((REPO / "recipes").glob("*.yaml"))]:
+        def walk(d, prefix=""):
+            for k, v in d.items():
+                assert k not in ("size", "nfiles"), f"{path}: {prefix}{k}"
+                if isinstance(v, dict):
+                    walk(v, f"{prefix}{k}.")
+        walk(yaml.safe_load(path.read_text()))
+
+
+def test_late_param_errors_name_the_set_or_the_file_read(tmp_path):
+    """A param found bad after loading (unknown schema) is blamed on the --set that gave
+    it, else on the params file actually read."""
+    from pipeline.keypoints.schema import get_schema
+
+    cfg = load_config(None, ["train.lr=0.1", "data.schema=nosuch"])
+    with pytest.raises(PipelineError, match=r"^--set data.schema=nosuch: data.schema: unknown schema"):
+        get_schema(cfg["data"])
+    p = tmp_path / "other.yaml"
+    p.write_text("data:\n  schema: nosuch\n")
+    cfg = load_config(p, ["train.lr=0.1"])
+    with pytest.raises(PipelineError, match=rf"^{p}: data.schema: unknown schema"):
+        get_schema(cfg["data"])
+
+
+def test_every_auto_on_off_param_is_a_switch(monkeypatch):
+    """A new switch (a string param defaulting to auto/on/off) accepts on/off too."""
+    import pipeline.core.config as config
+
+    monkeypatch.setitem(config.DEFAULTS_FLAT, "predict.newswitch", "off")
+    monkeypatch.setitem(config.DEFAULTS["predict"], "newswitch", "off")
+    cfg = load_config(None, ["predict.newswitch=on"])
+    assert cfg["predict"]["newswitch"] == "on"
+    with pytest.raises(PipelineError, match="'predict.tta' must be string, got True"):
+        load_config(None, ["predict.tta=on"])  # none|flip is not a switch

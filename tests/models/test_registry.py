@@ -1,0 +1,392 @@
+"""Models: the return contract of every preset, the ResUNet-72 architecture, the
+soft-argmax head, the registry and config round trips. Small inputs only (CPU)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from click.testing import CliRunner
+from torch import nn
+
+from pipeline.core.errors import PipelineError
+from pipeline.models import (
+    BlurPool2d,
+    ResUNet,
+    build_model,
+    count_params,
+    create_model,
+    default_input_size,
+    list_presets,
+    model_flops,
+    soft_argmax,
+)
+from pipeline.models.resunet import BasicBlock, Bottleneck
+
+K = 5
+PRESETS = list_presets()
+HEATMAP = ["resunet72", "resunet-tiny", "resunet26-half"]
+# the smallest input each preset takes (five halvings); 64 px for the heatmap models
+SMALL = {"resunet72": 64, "resunet-tiny": 64, "resunet26-half": 64, "vgg-seed": 32, "resnet50-fc": 32}
+
+_CACHE: dict = {}
+
+
+def small_model(preset: str, **options) -> nn.Module:
+    key = (preset, tuple(sorted(options.items())))
+    if key not in _CACHE:
+        torch.manual_seed(0)
+        _CACHE[key] = create_model(preset, K, input_size=SMALL[preset], **options)
+    return _CACHE[key]
+
+
+def batch(preset: str, in_chans: int = 3, b: int = 2) -> torch.Tensor:
+    return torch.randn(b, in_chans, SMALL[preset], SMALL[preset], generator=torch.Generator().manual_seed(1))
+
+
+def main_path_layers(model: nn.Module) -> list[str]:
+    """Conv / transposed-conv / linear layers outside the projection shortcuts."""
+    return [n for n, m in model.named_modules()
+            if isinstance(m, (nn.Conv2d, nn.ConvTranspose2d, nn.Linear)) and "downsample" not in n]
+
+
+def test_presets_registered():
+    assert set(PRESETS) == {"resunet72", "resunet-tiny", "resunet26-half", "vgg-seed", "resnet50-fc"}
+    assert default_input_size("resunet-tiny") == 96
+    assert default_input_size("resunet72") == default_input_size("vgg-seed") == 224
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_forward_contract_and_gradients(preset):
+    # zero-gamma off, every weight (also inside the residual branches) gets a non-zero
+    # gradient on the first step; with the default (on) each must still get a gradient
+    runs = [({"zero_init_last": False}, True), ({}, False)] if preset in HEATMAP else [({}, True)]
+    for opts, nonzero in runs:
+        model = small_model(preset, **opts).train()
+        model.zero_grad(set_to_none=True)
+        x = batch(preset)
+        out = model(x)
+        assert out.shape == (2, K, 2) and out.dtype == torch.float32
+        assert torch.isfinite(out).all()
+        target = torch.rand(2, K, 2, generator=torch.Generator().manual_seed(2)) * (SMALL[preset] - 1)
+        (out - target).abs().mean().backward()
+        for name, p in model.named_parameters():
+            assert p.grad is not None, name
+            assert torch.isfinite(p.grad).all(), name
+            if nonzero:
+                assert p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_init_predicts_inside_the_image(preset):
+    # direct regressors predict offsets from the centre in image sizes; soft-argmax
+    # coordinates are convex combinations of pixel positions
+    model = small_model(preset).eval()
+    with torch.no_grad():
+        out = model(batch(preset))
+    s = SMALL[preset]
+    assert (out >= 0).all() and (out <= s - 1).all()
+
+
+def test_resunet72_parameters_and_layers():
+    with torch.device("meta"):  # architecture only: no memory, no init cost
+        model = create_model("resunet72", 68, input_size=224)
+    n = count_params(model)
+    assert abs(n - 31e6) / 31e6 < 0.10, n
+    layers = main_path_layers(model)
+    assert len(layers) == 72, layers
+    assert sum(n.startswith("stem.") for n in layers) == 3
+    assert sum(n.startswith("stages.") for n in layers) == 48  # 16 bottlenecks x 3
+    assert sum(n.startswith("decoder.") for n in layers) == 20  # 5 x (up-conv + 3)
+    assert layers[-1] == "head.conv"
+    assert [len(s) for s in model.stages] == [3, 4, 6, 3]
+    assert all(isinstance(b, Bottleneck) for s in model.stages for b in s)
+    assert [s[-1].conv3.conv.out_channels for s in model.stages] == [256, 512, 1024, 2048]
+    # ResNet-C stem 32-32-64, strides 2, 1, 2 (the third conv replaces the MaxPool)
+    stem = [model.stem.conv1.conv, model.stem.conv2.conv, model.stem.conv3.conv]
+    assert [c.out_channels for c in stem] == [32, 32, 64]
+    assert [c.stride[0] for c in stem] == [2, 1, 2] and all(c.kernel_size == (3, 3) for c in stem)
+    assert not any(isinstance(m, nn.MaxPool2d) for m in model.modules())
+    for s in model.stages[1:]:
+        first = s[0]
+        # ResNet-B: the 3x3 carries the stride; ResNet-D: BlurPool then a stride-1 1x1
+        assert first.conv1.conv.stride == (1, 1) and first.conv2.conv.stride == (2, 2)
+        pool, conv, _ = first.downsample
+        assert isinstance(pool, BlurPool2d) and conv.stride == (1, 1) and conv.kernel_size == (1, 1)
+    ups = [lvl.up.conv for lvl in model.decoder]
+    assert all(isinstance(u, nn.ConvTranspose2d) and u.stride == (2, 2) for u in ups)
+    # decoder skips: stage3, stage2, stage1, the /2 stem conv, the input
+    assert [lvl.block.conv1.conv.in_channels - lvl.up.conv.out_channels for lvl in model.decoder] == \
+        [1024, 512, 256, 32, 3]
+    assert model.head.conv.out_channels == 68
+
+
+def test_resunet_resolutions():
+    model = small_model("resunet-tiny").eval()
+    x = batch("resunet-tiny")
+    with torch.no_grad():
+        feats = model.forward_features(x)
+        assert [f.shape[-1] for f in feats] == [64, 32, 16, 8, 4, 2]
+        # resunet-tiny stops after 3 of the 5 decoder levels: maps at 1/4 of the input
+        assert model.forward_decoder(feats).shape[-2:] == (16, 16)
+    full = create_model("resunet-tiny", K, input_size=64, decoder_levels=5).eval()
+    with torch.no_grad():
+        assert full.forward_decoder(full.forward_features(x)).shape[-2:] == (64, 64)
+
+
+def test_tiny_is_cheap():
+    model = create_model("resunet-tiny", 68, input_size=96)
+    assert model_flops(model, 96, 3) < 0.5e9
+    assert count_params(model) < 5e6
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_flops_counted(preset):
+    model = small_model(preset)
+    flops = model_flops(model, SMALL[preset], 3)
+    assert flops > 0
+    # the meta-device count (rebuilt from the config) equals one on a deep copy
+    import copy
+    plain = copy.deepcopy(model)
+    del plain.config
+    assert model_flops(plain, SMALL[preset], 3) == flops
+
+
+# ---- soft-argmax head -------------------------------------------------------------
+
+def one_hot_logits(h: int, w: int, points: list[tuple[int, int]]) -> torch.Tensor:
+    logits = torch.full((1, len(points), h, w), -1e4)
+    for k, (c, r) in enumerate(points):
+        logits[0, k, r, c] = 1e4
+    return logits
+
+
+def test_soft_argmax_one_hot_gives_the_pixel():
+    h, w = 12, 20  # not square: catches x/y swaps
+    points = [(0, 0), (w - 1, 0), (0, h - 1), (w - 1, h - 1), (7, 3), (19, 5), (2, 11)]
+    coords, probs = soft_argmax(one_hot_logits(h, w, points))
+    assert coords.shape == (1, len(points), 2)
+    assert torch.equal(coords[0], torch.tensor(points, dtype=torch.float32))
+    assert torch.allclose(probs.sum((-2, -1)), torch.ones(1, len(points)))
+
+
+def test_soft_argmax_uniform_gives_the_centre():
+    coords, _ = soft_argmax(torch.zeros(2, 3, 8, 10))
+    assert torch.allclose(coords, torch.tensor([4.5, 3.5]).expand(2, 3, 2))
+
+
+def test_soft_argmax_scales_coarse_maps_to_input_pixels():
+    # map pixel (c, r) of a half-resolution map covers input pixels 2c, 2c + 1
+    coords, _ = soft_argmax(one_hot_logits(6, 10, [(0, 0), (9, 5), (3, 2)]), input_hw=(12, 20))
+    assert torch.allclose(coords[0], torch.tensor([[0.5, 0.5], [18.5, 10.5], [6.5, 4.5]]))
+
+
+def test_soft_argmax_is_float32_under_autocast():
+    logits = torch.randn(2, 3, 16, 16).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        coords, probs = soft_argmax(logits)
+    assert coords.dtype == probs.dtype == torch.float32
+    assert torch.allclose(probs.sum((-2, -1)), torch.ones(2, 3), atol=1e-6)
+
+
+@pytest.mark.parametrize("preset", HEATMAP)
+def test_forward_maps(preset):
+    model = small_model(preset).eval()
+    x = batch(preset)
+    with torch.no_grad():
+        coords, probs = model.forward_maps(x)
+        plain = model(x)
+    s = SMALL[preset]
+    m = s // 2 ** (5 - getattr(model, "decoder_levels", 5))  # map side: coarser with fewer levels
+    assert probs.shape == (2, K, m, m)
+    assert torch.allclose(probs.sum((-2, -1)), torch.ones(2, K), atol=1e-5)
+    assert torch.equal(coords, plain)
+    grid = (torch.arange(m, dtype=torch.float32) + 0.5) * (s / m) - 0.5  # map pixel centres in input px
+    assert torch.allclose(coords[..., 0], (probs.sum(-2) * grid).sum(-1), atol=1e-4)
+    assert torch.allclose(coords[..., 1], (probs.sum(-1) * grid).sum(-1), atol=1e-4)
+
+
+def test_regression_models_have_no_maps():
+    assert not hasattr(small_model("vgg-seed"), "forward_maps")
+    assert not hasattr(small_model("resnet50-fc"), "forward_maps")
+
+
+# ---- baselines --------------------------------------------------------------------
+
+def test_vgg_seed_architecture():
+    model = create_model("vgg-seed", 68, input_size=224)
+    convs = [m for m in model.features.modules() if isinstance(m, nn.Conv2d)]
+    assert [c.out_channels for c in convs] == [8, 16, 32, 32, 64, 64, 128, 128]
+    assert [c.stride[0] for c in convs] == [2, 2, 2, 1, 2, 1, 2, 1]
+    assert model.num_features == 128 * 7 * 7 == 6272
+    assert model.fc[0].in_features == 6272 and model.fc[0].out_features == 1024
+    assert isinstance(model.fc[1], nn.BatchNorm1d)
+    assert model.head.fc.out_features == 136
+    assert not any(isinstance(m, nn.MaxPool2d) for m in model.modules())
+
+
+def test_resnet50_fc_flattens_the_map():
+    with torch.device("meta"):
+        model = create_model("resnet50-fc", 68, input_size=224)
+        small = create_model("resnet50-fc", 68, input_size=64)
+    assert model.head.fc.in_features == 2048 * 7 * 7
+    assert small.head.fc.in_features == 2048 * 2 * 2
+    assert not any(isinstance(m, nn.AdaptiveAvgPool2d) for m in model.modules())
+
+
+# ---- registry, config, options ------------------------------------------------------
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_build_model_from_config_and_state_dict_round_trip(preset, tmp_path):
+    model = small_model(preset).eval()
+    config = model.config
+    assert json.loads(json.dumps(config)) == config  # plain values only
+    assert config["preset"] == preset and config["num_keypoints"] == K
+    assert config["in_chans"] == 3 and config["input_size"] == SMALL[preset]
+    torch.manual_seed(123)
+    rebuilt = build_model(config).eval()
+    a, b = model.state_dict(), rebuilt.state_dict()
+    assert list(a) == list(b)
+    assert all(a[k].shape == b[k].shape and a[k].dtype == b[k].dtype for k in a)
+    assert rebuilt.config == config
+    path = tmp_path / "ckpt.pt"
+    torch.save({"model_config": config, "model": a}, path)
+    ck = torch.load(path, weights_only=True)
+    again = build_model(ck["model_config"]).eval()
+    again.load_state_dict(ck["model"])
+    x = batch(preset)
+    with torch.no_grad():
+        assert torch.equal(again(x), model(x))
+
+
+def test_config_records_the_resolved_options():
+    model = create_model("resunet-tiny", 3, input_size=64, act="hardswish")
+    opts = model.config["options"]
+    assert opts["act"] == "hardswish" and opts["block"] == "basic" and opts["width"] == 0.5
+    assert opts["decoder_widths"] == [128, 64, 32, 16, 8]  # lists, not tuples
+
+
+def test_unknown_preset():
+    with pytest.raises(PipelineError, match=r"unknown model preset 'nope' \(known: .*resunet72"):
+        create_model("nope", 68)
+    with pytest.raises(PipelineError, match="unknown model preset"):
+        build_model({"preset": "nope", "num_keypoints": 68})
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_unknown_option(preset):
+    with pytest.raises(PipelineError, match=r"unknown option\(s\) \['colour'\]"):
+        create_model(preset, K, input_size=SMALL[preset], colour="red")
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"act": "gelu"}, "unknown activation 'gelu'"),
+    ({"block": "dense"}, "unknown block 'dense'"),
+    ({"depths": [1, 1]}, "depths must be 4 positive integers"),
+    ({"decoder_widths": [8, 8]}, "decoder_widths must be 5"),
+    ({"upsample": "nearest"}, "unknown upsample"),
+    ({"width": 0}, "width must be a positive number"),
+])
+def test_bad_option_values(options, match):
+    with pytest.raises(PipelineError, match=match):
+        create_model("resunet-tiny", K, input_size=64, **options)
+
+
+def test_bad_sizes():
+    with pytest.raises(PipelineError, match="multiple of 32"):
+        create_model("resunet-tiny", K, input_size=100)
+    with pytest.raises(PipelineError, match="num_keypoints must be a positive integer"):
+        create_model("resunet-tiny", 0)
+    with pytest.raises(PipelineError, match="model config"):
+        build_model({"preset": "resunet-tiny", "num_keypoints": 3, "extra": 1})
+
+
+@pytest.mark.parametrize("options", [
+    {"blurpool": False},
+    {"act": "hardswish"},
+    {"in_chans": 1},
+    {"upsample": "bilinear"},
+    {"block": "bottleneck", "depths": [1, 1, 1, 1], "width": 0.25},
+    {"decoder_block": "bottleneck"},
+    {"input_skip": False},
+    {"width": 0.25, "decoder_widths": [32, 16, 16, 8, 8]},
+])
+def test_options_build_and_run(options):
+    options = dict(options)
+    in_chans = options.pop("in_chans", 3)
+    model = create_model("resunet-tiny", K, in_chans=in_chans, input_size=64, **options)
+    out = model(batch("resunet-tiny", in_chans))
+    assert out.shape == (2, K, 2) and torch.isfinite(out).all()
+    out.sum().backward()
+    assert build_model(model.config).config == model.config
+
+
+def test_blurpool_and_act_options_change_the_layers():
+    on = create_model("resunet-tiny", K, input_size=64)
+    off = create_model("resunet-tiny", K, input_size=64, blurpool=False)
+    assert any(isinstance(m, BlurPool2d) for m in on.modules())
+    assert not any(isinstance(m, BlurPool2d) for m in off.modules())
+    assert any(isinstance(m, nn.AvgPool2d) for m in off.modules())
+    # the filter is fixed: both load the same weights
+    off.load_state_dict(on.state_dict())
+    hs = create_model("resunet-tiny", K, input_size=64, act="hardswish")
+    assert any(isinstance(m, nn.Hardswish) for m in hs.modules())
+    assert not any(isinstance(m, nn.ReLU) for m in hs.modules())
+    assert all(isinstance(b, BasicBlock) for s in on.stages for b in s)
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_grayscale_input(preset):
+    model = create_model(preset, K, in_chans=1, input_size=SMALL[preset]).eval()
+    with torch.no_grad():
+        out = model(batch(preset, in_chans=1))
+    assert out.shape == (2, K, 2) and torch.isfinite(out).all()
+    assert model.config["in_chans"] == 1
+
+
+def test_wrong_input_size_is_a_clear_error():
+    with pytest.raises(ValueError, match="multiples of 32"):
+        small_model("resunet-tiny")(torch.zeros(1, 3, 48, 48))
+
+
+def test_blurpool_filter():
+    pool = BlurPool2d(2)
+    assert torch.allclose(pool.filt.sum((-2, -1)), torch.ones(2, 1))
+    assert "filt" not in pool.state_dict()  # fixed, not a weight
+    x = torch.full((1, 2, 7, 9), 3.0)
+    y = pool(x)
+    assert y.shape == (1, 2, 4, 5)
+    assert torch.allclose(y, torch.full_like(y, 3.0))  # reflect padding: no dark border
+    # an impulse spreads into the binomial kernel
+    x = torch.zeros(1, 1, 5, 5)
+    x[0, 0, 2, 2] = 16.0
+    y = BlurPool2d(1, stride=1)(x)
+    assert torch.allclose(y[0, 0, 1:4, 1:4], torch.tensor([[1.0, 2, 1], [2, 4, 2], [1, 2, 1]]))
+
+
+def test_channels_last_matches():
+    model = small_model("resunet-tiny").eval()
+    x = batch("resunet-tiny")
+    with torch.no_grad():
+        ref = model(x)
+        cl = model.to(memory_format=torch.channels_last)(x.contiguous(memory_format=torch.channels_last))
+    model.to(memory_format=torch.contiguous_format)
+    assert torch.allclose(ref, cl, atol=1e-3)
+
+
+def test_models_command_lists_every_preset():
+    from pipeline.cli import models_cmd
+
+    res = CliRunner().invoke(models_cmd, ["--keypoints", "68"])
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    assert lines[0].split()[:3] == ["preset", "params", "(M)"]
+    rows = {ln.split()[0]: ln.split() for ln in lines[1:]}
+    assert set(rows) == set(PRESETS)
+    assert abs(float(rows["resunet72"][1]) - 31) < 3.1
+    assert rows["resunet-tiny"][3] == "96" and float(rows["resunet-tiny"][2]) < 0.5
+
+
+def test_resunet_class_exported():
+    assert isinstance(small_model("resunet-tiny"), ResUNet)

@@ -1,0 +1,157 @@
+"""Predict: flip TTA, fold ensemble, OOF, mapping back to original pixels, CLI chain."""
+
+import json
+
+import numpy as np
+import pandas as pd
+import pytest
+import torch
+
+from pipeline.cli import main
+from pipeline.core.config import load_config
+from pipeline.formats.cache import load_cache
+from pipeline.inference.tta import predict_crops
+from pipeline.keypoints.schema import IBUG68
+from pipeline.stages.train import fit
+
+TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2",
+        "train.randaug_n=1"]
+
+
+class Fixed(torch.nn.Module):
+    """Predicts the same coordinates for any input, in input pixels."""
+
+    def __init__(self, coords):
+        super().__init__()
+        self.coords = torch.as_tensor(coords, dtype=torch.float32)
+
+    def forward(self, x):
+        return self.coords.expand(x.shape[0], -1, -1)
+
+
+class BrightestColumn(torch.nn.Module):
+    """Every keypoint at the (x, y) of the brightest pixel: exactly flip-equivariant up to
+    the index remap, so flip TTA must reproduce the plain prediction."""
+
+    def forward(self, x):
+        b, _, h, w = x.shape
+        flat = x.mean(1).reshape(b, -1).argmax(-1)
+        xy = torch.stack([(flat % w).float(), (flat // w).float()], -1)  # (B, 2)
+        return xy[:, None, :].expand(b, 68, 2)
+
+
+def test_flip_tta_of_an_equivariant_model_equals_plain():
+    faces = np.zeros((3, 32, 32, 3), np.uint8)
+    for i, (x, y) in enumerate([(3, 5), (20, 9), (30, 30)]):
+        faces[i, y, x] = 255
+    out = predict_crops(BrightestColumn(), faces, input_size=32, in_chans=3, flip_perm=IBUG68.flip_perm)
+    np.testing.assert_allclose(out["flip"], out["plain"], atol=1e-6)
+    np.testing.assert_allclose(out["plain"][:, 0], [[3, 5], [20, 9], [30, 30]], atol=1e-6)
+
+
+def test_flip_tta_unflips_and_remaps_indices():
+    # a model that always answers the same shape: on the mirrored face its answer, un-mirrored
+    # and index-remapped, is the schema-flipped shape; TTA averages the two
+    rng = np.random.default_rng(0)
+    coords = rng.uniform(0, 31, (68, 2))
+    out = predict_crops(Fixed(coords), np.zeros((2, 32, 32, 3), np.uint8), input_size=32, in_chans=3,
+                        flip_perm=IBUG68.flip_perm)
+    np.testing.assert_allclose(out["flip"][0], IBUG68.flip_coords(coords, 32), atol=1e-5)
+    np.testing.assert_allclose(out["tta"], (out["plain"] + out["flip"]) / 2)
+
+
+def test_predictions_map_back_through_input_resize():
+    # input 64 from a 32 px cache: input pixel centres map back as x = (x' + 0.5) / 2 - 0.5
+    coords = np.array([[0.5, 0.5], [63.0, 10.0]] + [[32.0, 32.0]] * 66)
+    out = predict_crops(Fixed(coords), np.zeros((1, 32, 32, 3), np.uint8), input_size=64, in_chans=3,
+                        flip_perm=None)
+    np.testing.assert_allclose(out["plain"][0, :2], [[0.0, 0.0], [31.25, 4.75]], atol=1e-6)
+    assert "tta" not in out
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_workspace, tmp_path_factory):
+    models = tmp_path_factory.mktemp("models")
+    for fold in (0, 1):
+        fit(load_config(None, TINY), fold, tiny_workspace / "cache", tiny_workspace / "folds.csv", models,
+            resume=False)
+    return models
+
+
+def test_predict_cli_ensemble_and_oof(tiny_workspace, trained, tmp_path):
+    ws = tiny_workspace
+    args = ["predict", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"), "--models", str(trained),
+            "--out", str(tmp_path / "pred")] + sum((["--set", s] for s in TINY), [])
+    main(args)
+    test = np.load(tmp_path / "pred" / "test.npz")
+    oof = np.load(tmp_path / "pred" / "oof.npz")
+    n_test, n_train = len(load_cache(ws / "cache" / "test")), len(load_cache(ws / "cache" / "train"))
+    assert test["ensemble"].shape == (n_test, 68, 2) and test["per_fold"].shape == (2, n_test, 68, 2)
+    np.testing.assert_allclose(test["ensemble_raw"], test["per_fold"].mean(0))
+    # OOF calibration (predict.calibrate: auto) subtracts the OOF bias, or leaves it alone
+    expect = test["ensemble_raw"] - test["bias"] if test["calibrated"] else test["ensemble_raw"]
+    np.testing.assert_allclose(test["ensemble"], expect)
+    folds = pd.read_csv(ws / "folds.csv")["fold"].to_numpy()
+    np.testing.assert_array_equal(oof["fold"], folds)
+    assert oof["tta"].shape == (n_train, 68, 2) and np.isfinite(oof["tta"]).all()
+    # predictions are in original pixels: inside (or near) each face's photo
+    meta = load_cache(ws / "cache" / "test").meta
+    assert (test["ensemble"][..., 0] > -meta["image_width"].to_numpy()[:, None]).all()
+    assert (test["ensemble"][..., 0] < 2 * meta["image_width"].to_numpy()[:, None]).all()
+
+
+def test_submit_and_score_agree_with_independent_mae(tiny_workspace, trained, tmp_path, demo_dir, capsys):
+    ws = tiny_workspace
+    over = sum((["--set", s] for s in TINY), [])
+    main(["predict", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"), "--models", str(trained),
+          "--out", str(tmp_path / "pred")] + over)
+    main(["submit", "--predictions", str(tmp_path / "pred" / "test.npz"), "--cache", str(ws / "cache"),
+          "--out-dir", str(tmp_path / "subs")] + over)
+    sub = tmp_path / "subs" / "submission.csv"
+    main(["score", str(sub), "--solution", str(demo_dir / "solution.csv"), "--json", str(tmp_path / "s.json")])
+    got = json.loads((tmp_path / "s.json").read_text())["mae"]
+    a = pd.read_csv(sub).sort_values("Id")["Predicted"].to_numpy()
+    b = pd.read_csv(demo_dir / "solution.csv").sort_values("Id").iloc[:, 1].to_numpy()
+    assert abs(got - np.abs(a - b).mean()) < 1e-6
+
+
+def test_predict_calibration_subtracts_the_oof_bias_when_on(tiny_workspace, trained, tmp_path):
+    ws = tiny_workspace
+    base = ["predict", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"), "--models", str(trained)]
+    over = sum((["--set", s] for s in TINY), [])
+    main(base + ["--out", str(tmp_path / "on")] + over + ["--set", "predict.calibrate=on"])
+    main(base + ["--out", str(tmp_path / "off")] + over + ["--set", "predict.calibrate=off"])
+    on, off = np.load(tmp_path / "on" / "test.npz"), np.load(tmp_path / "off" / "test.npz")
+    oof = np.load(tmp_path / "on" / "oof.npz")["tta"]
+    truth = load_cache(ws / "cache" / "train").keypoints_orig
+    np.testing.assert_allclose(on["bias"], (oof - truth).mean(0))
+    assert bool(on["calibrated"]) and not bool(off["calibrated"])
+    np.testing.assert_allclose(on["ensemble"], off["ensemble"] - on["bias"])
+    np.testing.assert_allclose(off["ensemble"], off["ensemble_raw"])
+
+
+def test_label_origin_moves_labels_onto_the_pixel_grid_and_predictions_back(demo_dir, tmp_path):
+    from pipeline.inference.tta import predict_original
+    from pipeline.keypoints.geometry import to_crop
+    from pipeline.stages.crop import run_crop
+
+    caches = {}
+    for origin in (0, 1):
+        cfg = load_config(None, [f"data.dir={demo_dir}", "crop.side=32", "crop.n_jobs=1",
+                                 f"data.label_origin={origin}"])
+        run_crop(cfg, tmp_path / f"o{origin}")
+        caches[origin] = load_cache(tmp_path / f"o{origin}" / "train")
+    c0, c1 = caches[0], caches[1]
+    assert c1.info["label_origin"] == 1.0
+    np.testing.assert_array_equal(c0.keypoints_orig, c1.keypoints_orig)  # the labels as written
+    np.testing.assert_allclose(c1.keypoints, to_crop(c1.keypoints_orig - 1.0, c1.crop_to_orig), atol=1e-4)
+    assert np.abs(c1.keypoints - c0.keypoints).min() > 0.05  # the crop targets really moved
+
+    coords = np.tile([[10.0, 12.0]], (68, 1))
+    ckpt = {"model_config": {"input_size": 32, "in_chans": 3}, "schema": IBUG68.to_dict()}
+    faces, a = c0.faces[:2], c0.crop_to_orig[:2]
+    plain = predict_original(Fixed(coords), {**ckpt, "crop": {"label_origin": 0.0}}, faces, a, "none", 8,
+                             torch.device("cpu"))["final"]
+    shifted = predict_original(Fixed(coords), {**ckpt, "crop": {"label_origin": 1.0}}, faces, a, "none", 8,
+                               torch.device("cpu"))["final"]
+    np.testing.assert_allclose(shifted, plain + 1.0)

@@ -1,0 +1,120 @@
+"""Trainer: schedule, resume equivalence, NaN stop, checkpoints, and a tiny fold that learns."""
+
+import math
+
+import pytest
+import torch
+
+from pipeline.core.config import load_config
+from pipeline.core.errors import PipelineError
+from pipeline.formats.checkpoint import load_checkpoint
+from pipeline.stages.train import fit
+from pipeline.training.optim import get_lr
+
+TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=4",
+        "train.warmup_epochs=1", "folds.k=2", "train.randaug_n=1"]
+
+
+def test_get_lr_warmup_then_cosine():
+    total, warm, peak = 100, 10, 0.8
+    lrs = [get_lr(s, total, warm, peak) for s in range(total)]
+    assert lrs[0] == pytest.approx(peak / warm)
+    assert lrs[warm - 1] == pytest.approx(peak)
+    assert all(a < b for a, b in zip(lrs[:warm - 1], lrs[1:warm]))  # rising
+    assert all(a >= b for a, b in zip(lrs[warm:], lrs[warm + 1:]))  # then falling
+    assert get_lr(total, total, warm, peak) == pytest.approx(0.0, abs=1e-12)
+    assert get_lr(warm + (total - warm) // 2, total, warm, peak) == pytest.approx(peak / 2, rel=1e-6)
+
+
+def test_resume_equals_uninterrupted(tiny_workspace):
+    ws = tiny_workspace
+    cfg = load_config(None, TINY)
+    full = fit(cfg, 0, ws / "cache", ws / "folds.csv", ws / "full", resume=False)
+    fit(cfg, 0, ws / "cache", ws / "folds.csv", ws / "cut", resume=False, max_epochs=2)
+    assert load_checkpoint(ws / "cut" / "fold0" / "last.pt")["epoch"] == 2
+    resumed = fit(cfg, 0, ws / "cache", ws / "folds.csv", ws / "cut", resume=True)
+    assert resumed["epochs"] == full["epochs"] == 4
+    assert abs(resumed["last_val_mae"] - full["last_val_mae"]) < 1e-5
+
+
+def test_changed_params_do_not_resume(tiny_workspace, caplog):
+    ws = tiny_workspace
+    fit(load_config(None, TINY), 0, ws / "cache", ws / "folds.csv", ws / "p", resume=False, max_epochs=1)
+    with caplog.at_level("INFO"):
+        m = fit(load_config(None, TINY + ["train.epochs=1", "train.lr=0.002"]), 0, ws / "cache",
+                ws / "folds.csv", ws / "p", resume=True)
+    assert "starting afresh" in caplog.text and m["epochs"] == 1
+
+
+def test_checkpoint_contents_load_weights_only(tiny_workspace):
+    ws = tiny_workspace
+    fit(load_config(None, TINY + ["train.epochs=1"]), 1, ws / "cache", ws / "folds.csv", ws / "c", resume=False)
+    ck = torch.load(ws / "c" / "fold1" / "best.pt", weights_only=True)
+    for key in ("model_config", "model", "optimizer", "scheduler_step", "epoch", "best_mae", "config",
+                "schema", "mean_shape"):
+        assert key in ck
+    assert ck["epoch"] == 1 and ck["config"]["train"]["epochs"] == 1
+    assert (ws / "c" / "fold1" / "params.resolved.yaml").exists()
+    assert (ws / "c" / "fold1" / "metrics.json").exists()
+
+
+def test_nan_loss_stops_and_keeps_last_good_checkpoint(tiny_workspace):
+    ws = tiny_workspace
+    fit(load_config(None, TINY + ["train.epochs=2"]), 0, ws / "cache", ws / "folds.csv", ws / "n",
+        resume=False, max_epochs=1)
+    before = (ws / "n" / "fold0" / "last.pt").read_bytes()
+    with pytest.raises(PipelineError, match="loss became"):
+        fit(load_config(None, TINY + ["train.epochs=2", "train.lr=1e30", "train.warmup_epochs=0"]),
+            0, ws / "cache", ws / "folds.csv", ws / "n", resume=False)
+    assert (ws / "n" / "fold0" / "last.pt").read_bytes() == before
+
+
+def test_fold_out_of_range_is_an_error(tiny_workspace):
+    ws = tiny_workspace
+    with pytest.raises(PipelineError, match="fold 7 out of range"):
+        fit(load_config(None, TINY), 7, ws / "cache", ws / "folds.csv", ws / "x", resume=False)
+
+
+def test_amp_auto_is_off_on_cpu():
+    from pipeline.core.device import amp_dtype
+
+    assert amp_dtype("auto", torch.device("cpu")) is None
+    assert amp_dtype("off", torch.device("cuda")) is None
+    assert amp_dtype("bf16", torch.device("cpu")) == torch.bfloat16
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_amp_step(tiny_workspace):
+    ws = tiny_workspace
+    m = fit(load_config(None, TINY + ["train.epochs=1", "train.device=cuda"]), 0, ws / "cache",
+            ws / "folds.csv", ws / "g", resume=False)
+    assert math.isfinite(m["val_mae"])
+
+
+def test_heatmap_regulariser_trains_through_the_maps(tiny_workspace, monkeypatch):
+    """heatmap_lambda > 0: the trainer asks the model for its soft-argmax maps and the
+    regulariser's gradient reaches the head."""
+    from pipeline.training.losses import KeypointLoss
+
+    seen = []
+    forward = KeypointLoss.forward
+
+    def spy(self, pred, target, probs=None, input_hw=None):
+        total, parts = forward(self, pred, target, probs, input_hw)
+        seen.append((probs is not None, float(parts["heatmap"])))
+        return total, parts
+
+    monkeypatch.setattr(KeypointLoss, "forward", spy)
+    ws = tiny_workspace
+    cfg = load_config(None, TINY + ["train.epochs=1", "train.heatmap_lambda=1.0"])
+    metrics = fit(cfg, 0, ws / "cache", ws / "folds.csv", ws / "hm", resume=False)
+    assert seen and all(has_maps and 0 < heat <= math.log(2) for has_maps, heat in seen)
+    assert math.isfinite(metrics["val_mae"])
+
+
+def test_heatmap_regulariser_is_skipped_for_a_regression_model(tiny_workspace, caplog):
+    ws = tiny_workspace
+    cfg = load_config(None, TINY + ["model.preset=resnet50-fc", "train.heatmap_lambda=1.0", "train.epochs=1"])
+    metrics = fit(cfg, 0, ws / "cache", ws / "folds.csv", ws / "hm_fc", resume=False)
+    assert math.isfinite(metrics["val_mae"])
+    assert "heatmap_lambda ignored" in caplog.text

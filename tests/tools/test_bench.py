@@ -1,0 +1,126 @@
+"""`pipeline bench` on tiny settings: every figure is present, finite and positive, and the
+mean-shape baseline is exact when every face is the mean shape. No timing thresholds."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from pipeline.core.config import load_config
+from pipeline.tools.bench.command import run_bench
+from pipeline.tools.bench.references import box_normalised, mean_shape_baseline, place_in_boxes
+
+TRAIN_KEYS = {"images_per_s_real", "images_per_s_synthetic", "ratio_real_synthetic", "train_flops_per_image",
+              "compute_efficiency_synthetic", "compute_efficiency_real"}
+INFER_KEYS = {"bs1_plain", "bs1_flip", "bsN_plain", "bsN_flip",
+              "bs1_plain_1thread", "bs1_flip_1thread", "bsN_plain_1thread", "bsN_flip_1thread"}
+ACC_KEYS = {"mae", "nme", "faces_per_s"}
+
+
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+@pytest.fixture(scope="module")
+def tiny_checkpoint(tmp_path_factory):
+    """An untrained resunet-tiny checkpoint at 32 px (the accuracy path only needs weights)."""
+    from pipeline.formats.checkpoint import save_checkpoint
+    from pipeline.keypoints.schema import IBUG68
+    from pipeline.models import create_model
+
+    torch.manual_seed(0)
+    model = create_model("resunet-tiny", 68, input_size=32)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny.pt"
+    cfg = load_config(None, ["crop.side=32", "model.input_size=32"])
+    save_checkpoint(path, {"model_config": model.config, "model": model.state_dict(), "schema": IBUG68.to_dict(),
+                           "epoch": 0, "config": cfg, "crop": {"size": 32, "expand": cfg["crop"]["expand"],
+                                                               "label_origin": 0.0}})
+    return path
+
+
+def test_bench_tiny_has_every_figure(tmp_path, demo_dir, tiny_checkpoint, monkeypatch, capsys):
+    from pipeline.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    out = tmp_path / "bench.json"
+    argv = ["bench", "--set", "crop.n_jobs=1", "--set", "train.batch_size=4",
+            "--presets", "resunet-tiny", "--steps", "1", "--rounds", "1", "--input-size", "32",
+            "--infer-batch", "4", "--min-time", "0.01", "--matmul-n", "128", "--data", str(demo_dir),
+            "--checkpoints", str(tiny_checkpoint), "--out", str(out)]
+    main(argv)
+    res = json.loads(out.read_text())
+    assert _positive(res["matmul_peak_flops"]["fp32"])
+    tr = res["train"]["resunet-tiny"]
+    assert TRAIN_KEYS <= set(tr)
+    assert all(_positive(tr[k]) for k in TRAIN_KEYS), tr
+    assert math.isfinite(tr["data_overhead"])
+    inf = res["infer"]["resunet-tiny"]
+    assert INFER_KEYS <= set(inf)
+    assert all(_positive(inf[k]) for k in INFER_KEYS), inf
+    acc = res["accuracy"]
+    assert acc["n_test"] == 8
+    for name in ("mean_shape", f"checkpoint:{tiny_checkpoint}"):
+        assert ACC_KEYS <= set(acc[name]), (name, acc[name])
+        assert all(_positive(acc[name][k]) for k in ACC_KEYS), (name, acc[name])
+    assert _positive(acc[f"checkpoint:{tiny_checkpoint}"]["faces_per_s_1thread"])
+    # dlib: scored when the optional extra is installed, else a skip note
+    assert "skipped" in acc["dlib"] or all(_positive(acc["dlib"][k]) for k in ("mae", "nme", "faces_per_s_1thread"))
+    # batch 1 on one core, the first checkpoint through every backend (onnx when installed)
+    assert res["batch1_model"] == str(tiny_checkpoint)
+    for name in ("torch-eager", "torch", "onnx", "onnx-int8"):
+        r = res["batch1"][name]
+        assert ("skipped" in r and name.startswith("onnx")) or (_positive(r["plain"]) and _positive(r["flip"])), (name, r)
+    assert "skipped" in res["batch1"]["dlib"] or _positive(res["batch1"]["dlib"]["plain"])
+    assert res["batch1"]["faces"] == 8 and res["batch1"]["crop_size"] == 32  # the demo test faces, cropped
+    # face detectors on the demo test photos: each installed one measured, the others noted
+    det = res["detectors"]
+    for name in ("mtcnn", "dlib", "haar"):
+        r = det[name]
+        assert "skipped" in r or (0 <= r["recall"] <= 1 and r["unmatched_per_photo"] >= 0
+                                  and _positive(r["photos_per_s"]) and r["photos"] == 8), (name, r)
+    table = capsys.readouterr().out
+    assert "one face at a time, one core" in table and "face detectors on" in table
+
+
+def test_bench_without_data_skips_accuracy(tmp_path, monkeypatch):
+    # no --data and no ../shared beside the cwd: accuracy is skipped, the rest still runs
+    # (the training cache is built from demo data in a temp folder)
+    import pipeline.tools.bench.command as bench
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, "resolve_data_dir", lambda data: None)
+    cfg = load_config(None, ["train.batch_size=2"])
+    res = run_bench(cfg, ["resunet-tiny"], steps=1, batch_size=2, input_size=32, data=None, checkpoints=[],
+                    device_name="cpu", infer_batch=2, rounds=1, min_time=0.0, matmul_n=64)
+    assert "skipped" in res["accuracy"] and "skipped" in res["detectors"]
+    assert _positive(res["train"]["resunet-tiny"]["images_per_s_real"])
+    assert _positive(res["batch1"]["torch"]["flip"]) and res["batch1_model"] == "resunet-tiny (untrained)"
+
+
+def test_mean_shape_baseline_is_exact_on_mean_faces():
+    rng = np.random.default_rng(0)
+    shape = rng.uniform(0.1, 0.9, (68, 2))  # box-normalised
+    boxes = np.column_stack([rng.uniform(0, 200, 30), rng.uniform(0, 200, 30),
+                             rng.uniform(40, 120, 30), rng.uniform(40, 120, 30)])
+    kp = place_in_boxes(shape, boxes)
+    np.testing.assert_allclose(box_normalised(kp, boxes), np.broadcast_to(shape, kp.shape), atol=1e-12)
+    test_boxes = boxes[:7] * 1.5 + 3
+    pred = mean_shape_baseline(kp, boxes, test_boxes)
+    truth = place_in_boxes(shape, test_boxes)
+    from pipeline.keypoints.metrics import mae
+
+    assert mae(pred, truth) < 1e-9
+
+
+def test_bench_train_runs_a_regression_preset_with_the_default_regulariser(tiny_workspace):
+    # the heatmap regulariser is on by default; a model without soft-argmax maps trains without it
+    from pipeline.core.config import load_config
+    from pipeline.tools.bench.training import bench_train
+
+    cfg = load_config(None, [])
+    assert cfg["train"]["heatmap_lambda"] > 0
+    res = bench_train(cfg, "resnet50-fc", tiny_workspace / "cache", steps=1, batch_size=4, input_size=32,
+                      device=torch.device("cpu"), rounds=1, warmup=0)
+    assert res
