@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # `torch` would download GBs); override on a GPU node: make TORCH_PINS=
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: venv repro test bench clean
+.PHONY: venv repro test bench gpu-check clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -27,6 +27,11 @@ test: venv
 
 bench: venv
 	$(BIN)/pipeline bench
+
+# the GPU path end to end on one GPU, in minutes (docs/scaling.md): exit 1 on a failed
+# check, 2 without CUDA; GPU_CHECK_ARGS=--cpu is the dry run at toy sizes
+gpu-check: venv
+	$(BIN)/python -m pipeline.tools.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf data/cache data/demo models predictions metrics dvclive

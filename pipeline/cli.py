@@ -30,6 +30,7 @@ COMMANDS = {
     "filters": "pipeline.tools.viz:filters_cmd",
     "predict-image": "pipeline.tools.detect:predict_image_cmd",
     "morph": "pipeline.tools.morph:morph_cmd",
+    "gpu-check": "pipeline.tools.gpu_check:gpu_check_cmd",
 }
 
 

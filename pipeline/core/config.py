@@ -88,6 +88,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "randaug_m": 7,  # RandAugment magnitude (0..30)
         "amp": "auto",  # auto (CUDA only) | off | bf16 | fp16
         "channels_last": "auto",  # auto (CUDA only) | on | off
+        # BatchNorm over the global batch under DDP (SyncBatchNorm, CUDA only): auto = when
+        # the per-rank batch is below 16 (device.SYNC_BN_BELOW) | on | off
+        "sync_bn": "auto",
         "device": "auto",  # auto | cpu | cuda | cuda:N
         "num_workers": 0,  # loader worker processes (0 = main process)
         "seed": 0,
@@ -98,8 +101,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         # subtract the per-keypoint mean OOF residual from the test predictions: on | off |
         # auto (only when it lowers the leave-one-out calibrated OOF MAE)
         "calibrate": "auto",
-        "batch_size": 64,
+        "batch_size": 64,  # faces a forward; flip TTA doubles it
         "device": "auto",
+        # autocast of predict's forward passes: auto (CUDA: bf16 where native, else fp16;
+        # CPU: off) | on | off | bf16 | fp16. Training's validation follows train.amp
+        "amp": "auto",
         "checkpoint": "best.pt",  # which file of models/fold{K}/
     },
     "submit": {
@@ -148,6 +154,8 @@ RANGES: dict[str, tuple[Any, str]] = {
     "demo.layout": ((lambda v: v in ("flat", "300w")), "flat or 300w"),
     "train.amp": ((lambda v: v in ("auto", "on", "off", "bf16", "fp16")), "auto, on, off, bf16 or fp16"),
     "train.channels_last": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
+    "train.sync_bn": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
+    "predict.amp": ((lambda v: v in ("auto", "on", "off", "bf16", "fp16")), "auto, on, off, bf16 or fp16"),
     "folds.group_regex": ((lambda v: _regex_with_photo(v)), "a regex with a named group (?P<photo>...)"),
 }
 

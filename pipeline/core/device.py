@@ -15,32 +15,76 @@ log = logging.getLogger(__name__)
 
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+        if not torch.cuda.is_available():
+            return torch.device("cpu")
+        check_arch(torch.device("cuda"))
+        return torch.device("cuda")
     try:
         dev = torch.device(name)
     except RuntimeError:
         raise PipelineError(params_source("train.device", "predict.device"),
                             f"device: unknown device '{name}'") from None
     if dev.type == "cuda" and not torch.cuda.is_available():
+        # an NVIDIA driver older than this wheel's CUDA also reads as "not available"
         raise PipelineError(params_source("train.device", "predict.device"),
-                            f"device '{name}' requested but CUDA is not available")
+                            f"device '{name}' requested but CUDA is not available (torch {torch.__version__} "
+                            f"is built for CUDA {torch.version.cuda}: no GPU, or a driver too old for it)")
+    if dev.type == "cuda":
+        check_arch(dev)
     return dev
 
 
-def amp_dtype(amp: str, device: torch.device) -> torch.dtype | None:
-    """The autocast dtype, or None for fp32.
+def _arch_runs_on(arch: str, major: int, minor: int) -> bool:
+    """Whether a `torch.cuda.get_arch_list()` entry runs on a GPU of compute capability
+    major.minor: a binary (sm_XY) on the same major with a minor <= the GPU's, PTX
+    (compute_XY) on any GPU at least that capability (JIT-compiled at start)."""
+    kind, _, num = arch.partition("_")
+    num = num.rstrip("abcdefghijklmnopqrstuvwxyz")  # sm_90a, sm_100f: arch-specific variants
+    if not num.isdigit() or len(num) < 2:
+        return False
+    a_major, a_minor = int(num[:-1]), int(num[-1])
+    if kind == "sm":
+        return a_major == major and a_minor <= minor
+    return kind == "compute" and (a_major, a_minor) <= (major, minor)
+
+
+def check_arch(dev: torch.device) -> None:
+    """A clear error, before any work, when this torch build has no kernels for the GPU
+    (a P100/V100 under a wheel built for sm_75+ otherwise fails at the first kernel with
+    "no kernel image is available")."""
+    archs = torch.cuda.get_arch_list()
+    if not archs or torch.version.hip:  # a build that does not say; ROCm names gfx targets
+        return
+    major, minor = torch.cuda.get_device_capability(dev)
+    if not any(_arch_runs_on(a, major, minor) for a in archs):
+        raise PipelineError(params_source("train.device", "predict.device"),
+                            f"{dev} is {torch.cuda.get_device_name(dev)} (sm_{major}{minor}), but torch "
+                            f"{torch.__version__} has kernels for {' '.join(archs)} only: install a torch "
+                            "build for this GPU (docs/scaling.md, 'GPU wheels')")
+
+
+_WARNED: set[tuple[str, str]] = set()
+
+
+def amp_dtype(amp: str, device: torch.device, key: str = "train.amp") -> torch.dtype | None:
+    """The autocast dtype, or None for fp32, for the setting of param `key`.
 
     `auto` enables AMP only on CUDA: on CPUs without native bf16 matmul (AVX2-only,
     like our CI machine) autocast makes training hundreds of times slower."""
     if amp not in ("auto", "on", "off", "bf16", "fp16"):
-        raise PipelineError(params_source("train.amp"), f"amp must be auto|on|off|bf16|fp16, got '{amp}'")
+        raise PipelineError(params_source(key), f"{key.split('.')[-1]} must be auto|on|off|bf16|fp16, got '{amp}'")
     if amp == "off":
         return None
     if amp == "auto" and device.type != "cuda":
         return None
     if amp in ("auto", "on") and device.type == "cuda":
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if device.type != "cuda":
+        # native bf16 only (sm_80+): with emulation counted, is_bf16_supported says yes on a
+        # T4 or V100, where bf16 convolutions have no fast kernels; fp16 + GradScaler there.
+        # It asks the current device: init_distributed makes that each rank's own GPU
+        native = torch.cuda.is_bf16_supported(including_emulation=False)
+        return torch.bfloat16 if native else torch.float16
+    if device.type != "cuda" and (amp, device.type) not in _WARNED:
+        _WARNED.add((amp, device.type))  # once: validation resolves the setting every epoch
         log.warning("amp=%s on %s: autocast on CPU is usually far slower than fp32", amp, device)
     return torch.float16 if amp == "fp16" else torch.bfloat16
 
@@ -55,3 +99,24 @@ def use_channels_last(setting: str, device: torch.device) -> bool:
     if setting not in ("auto", "on", "off"):
         raise PipelineError(params_source("train.channels_last"), f"channels_last must be auto|on|off, got '{setting}'")
     return setting == "on" or (setting == "auto" and device.type == "cuda")
+
+
+# Per-rank batches below this make BatchNorm statistics noisy enough to matter (8 GPUs x
+# batch 64 leaves 8 faces a rank): SyncBatchNorm then normalises over the global batch.
+SYNC_BN_BELOW = 16
+
+
+def use_sync_bn(setting: str, device: torch.device, world: int, rank_batch: int) -> bool:
+    """Whether to convert BatchNorm to SyncBatchNorm: `on` under DDP, `auto` under DDP on
+    CUDA with a per-rank batch below SYNC_BN_BELOW. SyncBatchNorm runs on GPUs only (its
+    forward refuses CPU tensors), so CPU (gloo) runs keep per-rank statistics."""
+    if setting not in ("auto", "on", "off"):
+        raise PipelineError(params_source("train.sync_bn"), f"sync_bn must be auto|on|off, got '{setting}'")
+    if world <= 1 or setting == "off":
+        return False
+    if device.type != "cuda":
+        if setting == "on":
+            raise PipelineError(params_source("train.sync_bn"), "train.sync_bn=on needs CUDA devices "
+                                                                "(SyncBatchNorm does not run on the CPU)")
+        return False
+    return setting == "on" or rank_batch < SYNC_BN_BELOW

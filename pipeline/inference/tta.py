@@ -62,15 +62,17 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
 
 
 def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndarray, tta: str,
-                     batch_size: int, device: torch.device, progress: bool = False) -> dict[str, np.ndarray]:
-    """predict_crops for a checkpoint's model, mapped to original-image pixels."""
+                     batch_size: int, device: torch.device, progress: bool = False,
+                     amp: str = "auto", amp_key: str = "predict.amp") -> dict[str, np.ndarray]:
+    """predict_crops for a checkpoint's model, mapped to original-image pixels, under the
+    autocast of setting `amp` (the param `amp_key`: predict.amp, or train.amp in validation)."""
     if tta not in ("none", "flip"):
         raise PipelineError(params_source("predict.tta"), f"predict.tta must be none|flip, got '{tta}'")
     cfg = ckpt["model_config"]
     crops = predict_crops(model, faces, input_size=cfg["input_size"], in_chans=cfg["in_chans"],
                           flip_perm=ckpt["schema"]["flip"] if tta == "flip" else None,
                           batch_size=batch_size, device=device,
-                          amp=amp_dtype("auto", device), progress=progress)
+                          amp=amp_dtype(amp, device, amp_key), progress=progress)
     # back to the labels' pixel grid (data.label_origin of the cache the model trained on)
     origin = checkpoint_label_origin(ckpt)
     out = {k: to_original(v, crop_to_orig) + origin for k, v in crops.items()}

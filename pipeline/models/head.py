@@ -54,5 +54,8 @@ class SoftArgmaxHead(nn.Module):
 
     def forward(self, x: torch.Tensor, input_hw: tuple[int, int] | None = None
                 ) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.conv(x)  # (B, K, h, w)
+        # fp32 under autocast too: bf16 logits (8 mantissa bits) would quantise the softmax
+        # weights by a few % and put noise of a fraction of a pixel on the coordinates
+        with _no_autocast(x.device):
+            logits = self.conv(x.float())  # (B, K, h, w)
         return soft_argmax(logits, input_hw)

@@ -67,11 +67,23 @@ class BlurPool2d(nn.Module):
         self.register_buffer("filt", k.expand(channels, 1, 3, 3).contiguous(), persistent=False)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.pad(x, (1, 1, 1, 1), mode="reflect")
+        if x.is_cuda and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
+            x = reflect_pad1(x)
+        else:
+            x = F.pad(x, (1, 1, 1, 1), mode="reflect")
         return F.conv2d(x, self.filt.to(x.dtype), stride=self.stride, groups=self.channels)  # (B, C, H/2, W/2)
 
     def extra_repr(self) -> str:
         return f"{self.channels}, stride={self.stride}"
+
+
+def reflect_pad1(x: torch.Tensor) -> torch.Tensor:
+    """F.pad(x, (1, 1, 1, 1), mode="reflect") of (B, C, H, W) x, H and W >= 2, built from
+    slices and cat, which keep channels_last. CUDA's reflection pad makes its input NCHW
+    (a layout copy there and back in a channels_last network) and its backward adds with
+    atomics (gradients not reproducible); this has neither."""
+    x = torch.cat([x[:, :, 1:2], x, x[:, :, -2:-1]], dim=2)
+    return torch.cat([x[:, :, :, 1:2], x, x[:, :, :, -2:-1]], dim=3)
 
 
 def create_downsample(in_chs: int, out_chs: int, stride: int, *, blurpool: bool = True,

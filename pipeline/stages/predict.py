@@ -48,12 +48,12 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
         check_crop_geometry(path, ckpt, test)
         log.info("fold %d: %s (epoch %d, %s)", fold, path, ckpt["epoch"], backend)
         test_pred = predict_original(model, ckpt, test.faces, test.crop_to_orig, pcfg["tta"],
-                                     pcfg["batch_size"], device, progress=True)
+                                     pcfg["batch_size"], device, progress=True, amp=pcfg["amp"])
         per_fold.append(test_pred["final"])
         val = np.flatnonzero(fold_of == fold)
         if len(val):
             val_pred = predict_original(model, ckpt, train.faces[val], train.crop_to_orig[val], "flip",
-                                        pcfg["batch_size"], device)
+                                        pcfg["batch_size"], device, amp=pcfg["amp"])
             oof["tta"][val], oof["plain"][val] = val_pred["tta"], val_pred["plain"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -46,7 +46,7 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str
     rank, world, device_name = init_distributed(tcfg["device"])
     is_main = rank == 0  # only rank 0 writes checkpoints, metrics and DVCLive logs
     if not is_main:  # and only rank 0 logs progress: the other ranks report warnings only
-        log.setLevel(logging.WARNING)
+        logging.getLogger("pipeline").setLevel(logging.WARNING)
     setup = build_training(cfg, cache, train_idx, resolve_device(device_name), rank, world)
     meta = checkpoint_meta(setup, cache, fold)
     start_epoch, best_mae, history = resume_training(setup, out, cache.schema, fold) if resume else (0, float("inf"), [])
@@ -66,7 +66,7 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str
         tr = train_steps(setup, make_epoch_loader(setup, epoch), desc=f"fold {fold} epoch {epoch + 1}/{tcfg['epochs']}",
                          progress=is_main)
         tr["images_per_s"] *= world  # every rank trains on its own share at the same pace
-        ev = evaluate(setup.model, cache, val_idx, meta, 64, setup.device)
+        ev = evaluate(setup.model, cache, val_idx, meta, 64, setup.device, tcfg["amp"])
         row = {"epoch": epoch + 1, "train_loss": tr["loss"], "val_mae": ev["mae"], "val_nme": ev["nme"],
                "data_wait_frac": tr["data_wait_frac"], "images_per_s": tr["images_per_s"], "lr": tr["lr"]}
         history.append(row)

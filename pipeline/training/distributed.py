@@ -24,6 +24,13 @@ def init_distributed(device_name: str) -> tuple[int, int, str]:
     if use_cuda and local >= torch.cuda.device_count():
         raise PipelineError("torchrun", f"LOCAL_RANK {local} needs cuda:{local} but {torch.cuda.device_count()} "
                                         "CUDA device(s) are visible: lower --nproc-per-node")
+    if use_cuda:
+        # before anything touches CUDA: else every rank opens a context on GPU 0 (the
+        # DataLoader's pin thread, NCCL, bf16 checks all use the current device)
+        torch.cuda.set_device(local)
     if not dist.is_initialized():
-        dist.init_process_group("nccl" if use_cuda else "gloo")
+        if use_cuda:  # binds NCCL to this rank's GPU (barrier and collectives use it)
+            dist.init_process_group("nccl", device_id=torch.device("cuda", local))
+        else:
+            dist.init_process_group("gloo")
     return rank, world, (f"cuda:{local}" if use_cuda else "cpu")

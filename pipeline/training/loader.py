@@ -77,6 +77,11 @@ def seed_worker(worker_id: int) -> None:
     # augmentations draw from torch's global RNG; DataLoader seeds each worker from the
     # base seed, numpy is seeded from it too so nothing else drifts
     np.random.seed(torch.initial_seed() % 2**32)
+    # one thread per worker for OpenCV's warpAffine too (DataLoader does this for torch
+    # only): N workers each starting a pool of one thread per core oversubscribe the CPUs
+    import cv2
+
+    cv2.setNumThreads(0)
 
 
 def make_loader(dataset: Dataset, batch_size: int, sampler: Sampler | None, device: torch.device,
@@ -157,6 +162,11 @@ class _Producer:
         # 1 (none are started during training: DataLoader workers are processes)
         torch.set_num_threads(1)
         try:
+            device = getattr(self.stage, "device", None)
+            if device is not None and device.type == "cuda":
+                # a new thread's current CUDA device is 0: pinning (num_workers 0) and any
+                # allocation here would otherwise touch GPU 0 from every DDP rank
+                torch.cuda.set_device(device)
             for batch in self.batches:
                 self.queue.put(self.stage(batch))
                 if self.stopping.is_set():  # the consumer left early: produce no more

@@ -73,7 +73,8 @@ def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState,
             optimizer.zero_grad(set_to_none=True)
             if scaler is not None:
                 scaler.scale(loss).backward()
-                scaler.unscale_(optimizer)
+                if grad_clip > 0:  # clip true gradients; otherwise step() unscales (fused: in its kernel)
+                    scaler.unscale_(optimizer)
             else:
                 loss.backward()
             if grad_clip > 0:
@@ -128,12 +129,14 @@ class _RunningLoss:
         return self.total / max(1, self.count)
 
 
-def evaluate(model, cache, val_idx: np.ndarray, ckpt_like: dict, batch_size: int, device) -> dict[str, float]:
-    """Validation MAE and NME in original-image pixels (no TTA, to keep epochs short)."""
+def evaluate(model, cache, val_idx: np.ndarray, ckpt_like: dict, batch_size: int, device,
+             amp: str = "auto") -> dict[str, float]:
+    """Validation MAE and NME in original-image pixels (no TTA, to keep epochs short), with
+    autocast as `amp` (train.amp: a run trained in fp32 is validated in fp32)."""
     if len(val_idx) == 0:
         return {"mae": float("nan"), "nme": float("nan")}
     pred = predict_original(model, ckpt_like, cache.faces[val_idx], cache.crop_to_orig[val_idx], "none",
-                            batch_size, device)["final"]
+                            batch_size, device, amp=amp, amp_key="train.amp")["final"]
     truth = cache.keypoints_orig[val_idx]
     eyes = cache.schema.eyes
     return {"mae": float(mae(pred, truth)),

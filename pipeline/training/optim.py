@@ -21,16 +21,22 @@ def get_lr(step: int, total_steps: int, warmup_steps: int, peak_lr: float) -> fl
 
 
 def build_optimizer(model: torch.nn.Module, tcfg: dict[str, Any]) -> torch.optim.Optimizer:
-    """SGD (Nesterov-free, momentum) or AdamW; no weight decay on norms and biases."""
+    """SGD (Nesterov-free, momentum) or AdamW; no weight decay on norms and biases.
+
+    Fused kernels on CUDA: one launch for all parameters, and with a GradScaler the
+    inf check and the skipped step stay on the device (the unfused path reads found_inf
+    with .item(), a sync every step)."""
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
             (no_decay if p.ndim <= 1 else decay).append(p)
     groups = [{"params": decay, "weight_decay": tcfg["weight_decay"]},
               {"params": no_decay, "weight_decay": 0.0}]
+    params = decay + no_decay
+    fused = True if params and all(p.is_cuda for p in params) else None
     if tcfg["optimizer"] == "sgd":
-        return torch.optim.SGD(groups, lr=tcfg["lr"], momentum=tcfg["momentum"])
+        return torch.optim.SGD(groups, lr=tcfg["lr"], momentum=tcfg["momentum"], fused=fused)
     if tcfg["optimizer"] == "adamw":
-        return torch.optim.AdamW(groups, lr=tcfg["lr"], betas=(tcfg["momentum"], 0.999))
+        return torch.optim.AdamW(groups, lr=tcfg["lr"], betas=(tcfg["momentum"], 0.999), fused=fused)
     raise PipelineError(params_source("train.optimizer"),
                         f"train.optimizer must be sgd|adamw, got '{tcfg['optimizer']}'")

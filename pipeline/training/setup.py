@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from pipeline.core.config import params_source
-from pipeline.core.device import amp_dtype, use_channels_last
+from pipeline.core.device import amp_dtype, use_channels_last, use_sync_bn
 from pipeline.core.errors import PipelineError
 from pipeline.formats.cache import load_cache
 from pipeline.formats.checkpoint import load_checkpoint
@@ -83,6 +83,10 @@ def build_training(cfg: dict, cache, train_idx: np.ndarray, device: torch.device
     # schedule do not change with the number of processes
     rank_batch = tcfg["batch_size"] // world
     torch.manual_seed(tcfg["seed"])
+    if device.type == "cuda":
+        # fixed input shapes: cuDNN times its algorithms once per shape and keeps the
+        # fastest (not bit-reproducible between runs; see docs/scaling.md, Determinism)
+        torch.backends.cudnn.benchmark = True
     amp = amp_dtype(tcfg["amp"], device)
     channels_last = use_channels_last(tcfg["channels_last"], device)
     schema, cache_size, input_size = cache.schema, cache.faces.shape[1], mcfg["input_size"]
@@ -91,12 +95,17 @@ def build_training(cfg: dict, cache, train_idx: np.ndarray, device: torch.device
                          **mcfg["options"]).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
+    if use_sync_bn(tcfg["sync_bn"], device, world, rank_batch):
+        # same state_dict keys as BatchNorm2d: checkpoints load into the plain model
+        model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     net = model
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
     optimizer = build_optimizer(model, tcfg)
-    scaler = torch.amp.GradScaler("cuda") if amp == torch.float16 else None
+    # fp16 only (bf16 has fp32's range); on the run's device (a "cuda" scaler on a CPU run
+    # disables itself and fp16 gradients would underflow unscaled)
+    scaler = torch.amp.GradScaler(device.type) if amp == torch.float16 else None
 
     # the mean shape of the training faces (input px) fixes the structure-loss neighbours
     mean_shape = crop_to_input(cache.keypoints[train_idx].mean(0).astype(np.float64), cache_size, input_size)
@@ -167,7 +176,10 @@ def resume_training(setup: TrainSetup, out: Path, schema, fold: int) -> tuple[in
         log.info("fold %d: %s was trained with other params; starting afresh", fold, last_path)
         return 0, float("inf"), []
     setup.model.load_state_dict(ck["model"])
+    fused = [g.get("fused") for g in setup.optimizer.param_groups]
     setup.optimizer.load_state_dict(ck["optimizer"])
+    for g, f in zip(setup.optimizer.param_groups, fused):  # this run's device decides, not the checkpoint's
+        g["fused"] = f
     if setup.scaler is not None and ck.get("scaler"):
         setup.scaler.load_state_dict(ck["scaler"])
     setup.state.step = ck["scheduler_step"]
