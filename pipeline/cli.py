@@ -31,6 +31,7 @@ COMMANDS = {
     "predict-image": "pipeline.tools.detect:predict_image_cmd",
     "morph": "pipeline.tools.morph:morph_cmd",
     "gpu-check": "pipeline.tools.gpu_check:gpu_check_cmd",
+    "blend": "pipeline.tools.blend:blend_cmd",
 }
 
 

@@ -3,9 +3,14 @@ of each file.
 
 - `test.npz`: `ensemble` (N, K, 2) original px, what submit writes; `ensemble_raw` the
   fold mean before OOF calibration; `per_fold` (F, N, K, 2); `folds` (F,); `bias` (K, 2);
-  `calibrated` () bool.
+  `calibrated` () bool; `oof_kind` () str: the oof.npz array made the way `ensemble` was
+  (`tta`, or `plain` when predict.tta is none); `face_id` (N,) str, the test cache's faces.
 - `oof.npz`: `tta`, `plain` (N, K, 2) out-of-fold predictions of the training faces
-  (NaN where a fold was not trained); `fold` (N,).
+  (NaN where a fold was not trained); `fold` (N,); `face_id` (N,) str, the training cache's
+  faces.
+- both: `keypoint_names` (K,) str, the schema's.
+
+`pipeline blend` checks its inputs' `face_id` and `keypoint_names` against the cache.
 """
 
 from __future__ import annotations
@@ -20,6 +25,13 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.io import atomic_path
 
 OOF_KEYS = ("tta", "plain", "fold")
+# which faces and keypoints the arrays hold, in both files
+ID_KEYS = ("face_id", "keypoint_names")
+
+
+def _text(values: Sequence[str]) -> np.ndarray:
+    # fixed-width unicode, not object: np.load(allow_pickle=False) reads it back
+    return np.asarray([str(v) for v in values], dtype=str)
 
 
 def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
@@ -30,13 +42,20 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 
 def write_test_predictions(path: str | os.PathLike, *, ensemble: np.ndarray, ensemble_raw: np.ndarray,
-                           per_fold: np.ndarray, folds: Sequence[int], bias: np.ndarray, calibrated: bool) -> None:
+                           per_fold: np.ndarray, folds: Sequence[int], bias: np.ndarray, calibrated: bool,
+                           oof_kind: str, face_id: Sequence[str], keypoint_names: Sequence[str]) -> None:
+    if oof_kind not in ("tta", "plain"):
+        raise ValueError(f"oof_kind must be tta or plain, got {oof_kind!r}")
     _write_npz(Path(path), {"ensemble": ensemble, "ensemble_raw": ensemble_raw, "per_fold": per_fold,
-                            "folds": np.asarray(folds), "bias": bias, "calibrated": np.array(calibrated)})
+                            "folds": np.asarray(folds), "bias": bias, "calibrated": np.array(calibrated),
+                            "oof_kind": np.array(oof_kind), "face_id": _text(face_id),
+                            "keypoint_names": _text(keypoint_names)})
 
 
-def write_oof_predictions(path: str | os.PathLike, *, tta: np.ndarray, plain: np.ndarray, fold: np.ndarray) -> None:
-    _write_npz(Path(path), {"tta": tta, "plain": plain, "fold": fold})
+def write_oof_predictions(path: str | os.PathLike, *, tta: np.ndarray, plain: np.ndarray, fold: np.ndarray,
+                          face_id: Sequence[str], keypoint_names: Sequence[str]) -> None:
+    _write_npz(Path(path), {"tta": tta, "plain": plain, "fold": fold, "face_id": _text(face_id),
+                            "keypoint_names": _text(keypoint_names)})
 
 
 def read_predictions(path: str | os.PathLike, keys: Sequence[str]) -> dict[str, np.ndarray]:

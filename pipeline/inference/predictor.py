@@ -147,7 +147,8 @@ def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.Path
         model, ckpt = load_predictor(path, backend, device, schema=schema)
         crops, crop_to_orig = crops_for_checkpoint(faces, xml_path, ckpt, path, crop_cfg["n_jobs"], by_geometry)
         preds.append(predict_original(model, ckpt, crops, crop_to_orig, predict_cfg["tta"],
-                                      predict_cfg["batch_size"], device, amp=predict_cfg["amp"])["final"])
+                                      predict_cfg["batch_size"], device, amp=predict_cfg["amp"],
+                                      jitter=predict_cfg["tta_jitter"])["final"])
     return np.mean(preds, axis=0)
 
 

@@ -17,13 +17,15 @@ from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_label_origin
 from pipeline.keypoints.flip import flip_coords, flip_images
 from pipeline.keypoints.geometry import crop_one, crop_transform, input_to_crop, to_original
 from pipeline.keypoints.preprocess import faces_to_chw, normalize_batch, resize_batch
+from pipeline.keypoints.views import View, jitter_views, unwarp_coords, warp_view
 
 
 @torch.inference_mode()
 def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
                   flip_perm: Sequence[int] | None, batch_size: int = 64,
                   device: torch.device = torch.device("cpu"), amp: torch.dtype | None = None,
-                  channels_last: bool = False, progress: bool = False) -> dict[str, np.ndarray]:
+                  channels_last: bool = False, progress: bool = False,
+                  jitter: Sequence[View] = ()) -> dict[str, np.ndarray]:
     """Keypoints in crop pixels for uint8 faces (N, S, S, 3). `model` is a torch model or
     any callable of the same contract (pipeline.inference.predictor: onnxruntime).
 
@@ -31,13 +33,19 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
     the prediction on the mirrored face, un-mirrored (x -> W-1-x, left/right indices swapped
     back), and the mean of the two. The faces and their mirrors go through the model as one
     batch of 2B: one call instead of two, which at batch 1 (one face at a time) is most of
-    the TTA cost saved."""
+    the TTA cost saved.
+
+    `jitter`: extra scale/shift views (pipeline.keypoints.views), each also mirrored when flip_perm is
+    given, mapped back exactly and averaged into "tta" (plain and flip stay the unjittered
+    views); they go through the model in the same call."""
 
     model.eval()
     cache_size = faces.shape[1]
     outs: dict[str, list[np.ndarray]] = {"plain": []}
     if flip_perm is not None:
         outs["flip"] = []
+    if jitter:
+        outs["jitter"] = []
     starts = range(0, len(faces), batch_size)
     if progress:
         from tqdm import tqdm
@@ -47,36 +55,48 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
         x = faces_to_chw(faces[s:s + batch_size], in_chans).to(device, non_blocking=True)  # (B, C, S, S) uint8
         x = resize_batch(normalize_batch(x, channels_last), input_size)  # (B, C, H, W) float
         b = x.shape[0]
+        if jitter:
+            fill = normalize_batch(torch.zeros((1, x.shape[1], 1, 1), dtype=torch.uint8, device=x.device))
+            x = torch.cat([x, *(warp_view(x, v, fill) for v in jitter)])  # (V * B, C, H, W)
         with autocast(device, amp):
             if flip_perm is None:
-                outs["plain"].append(model(x).float().cpu().numpy())  # (B, K, 2) input px
+                pred = model(x).float()[None]  # (1, V * B, K, 2) input px
             else:
-                both = model(torch.cat([x, flip_images(x)])).float()  # (2B, K, 2) input px
-                outs["plain"].append(both[:b].cpu().numpy())
-                outs["flip"].append(flip_coords(both[b:], input_size, flip_perm).cpu().numpy())
+                both = model(torch.cat([x, flip_images(x)])).float()  # (2 V B, K, 2) input px
+                pred = torch.stack([both[:len(x)], flip_coords(both[len(x):], input_size, flip_perm)])
+                outs["flip"].append(pred[1, :b].cpu().numpy())
+        outs["plain"].append(pred[0, :b].cpu().numpy())
+        if jitter:
+            views = [pred[:, :b]] + [unwarp_coords(pred[:, (i + 1) * b:(i + 2) * b], v, input_size, input_size)
+                                     for i, v in enumerate(jitter)]
+            outs["jitter"].append(torch.stack(views).mean((0, 1)).cpu().numpy())
     res = {k: input_to_crop(np.concatenate(v).astype(np.float64), cache_size, input_size)
            for k, v in outs.items()}
-    if flip_perm is not None:
+    if jitter:
+        res["tta"] = res.pop("jitter")  # every view, mirrored or not
+    elif flip_perm is not None:
         res["tta"] = (res["plain"] + res["flip"]) / 2
     return res
 
 
 def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndarray, tta: str,
                      batch_size: int, device: torch.device, progress: bool = False,
-                     amp: str = "auto", amp_key: str = "predict.amp") -> dict[str, np.ndarray]:
+                     amp: str = "auto", amp_key: str = "predict.amp", jitter: float = 0.0) -> dict[str, np.ndarray]:
     """predict_crops for a checkpoint's model, mapped to original-image pixels, under the
-    autocast of setting `amp` (the param `amp_key`: predict.amp, or train.amp in validation)."""
+    autocast of setting `amp` (the param `amp_key`: predict.amp, or train.amp in validation);
+    `jitter` (predict.tta_jitter) adds the scale/shift views of pipeline/keypoints/views.py to
+    the final answer."""
     if tta not in ("none", "flip"):
         raise PipelineError(params_source("predict.tta"), f"predict.tta must be none|flip, got '{tta}'")
     cfg = ckpt["model_config"]
     crops = predict_crops(model, faces, input_size=cfg["input_size"], in_chans=cfg["in_chans"],
                           flip_perm=ckpt["schema"]["flip"] if tta == "flip" else None,
                           batch_size=batch_size, device=device,
-                          amp=amp_dtype(amp, device, amp_key), progress=progress)
+                          amp=amp_dtype(amp, device, amp_key), progress=progress, jitter=jitter_views(jitter))
     # back to the labels' pixel grid (data.label_origin of the cache the model trained on)
     origin = checkpoint_label_origin(ckpt)
     out = {k: to_original(v, crop_to_orig) + origin for k, v in crops.items()}
-    out["final"] = out["tta"] if tta == "flip" else out["plain"]
+    out["final"] = out["tta"] if "tta" in out else out["plain"]
     return out
 
 

@@ -48,12 +48,13 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
         check_crop_geometry(path, ckpt, test)
         log.info("fold %d: %s (epoch %d, %s)", fold, path, ckpt["epoch"], backend)
         test_pred = predict_original(model, ckpt, test.faces, test.crop_to_orig, pcfg["tta"],
-                                     pcfg["batch_size"], device, progress=True, amp=pcfg["amp"])
+                                     pcfg["batch_size"], device, progress=True, amp=pcfg["amp"],
+                                     jitter=pcfg["tta_jitter"])
         per_fold.append(test_pred["final"])
         val = np.flatnonzero(fold_of == fold)
         if len(val):
             val_pred = predict_original(model, ckpt, train.faces[val], train.crop_to_orig[val], "flip",
-                                        pcfg["batch_size"], device, amp=pcfg["amp"])
+                                        pcfg["batch_size"], device, amp=pcfg["amp"], jitter=pcfg["tta_jitter"])
             oof["tta"][val], oof["plain"][val] = val_pred["tta"], val_pred["plain"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -67,9 +68,13 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
              *np.abs(bias).mean(0), *bias.mean(0), pcfg["calibrate"], "applied" if calibrated else "not applied")
     raw = stack.mean(0)  # (N, K, 2)
     ensemble = raw - bias if calibrated else raw
+    names = train.schema.names
     write_test_predictions(out / "test.npz", ensemble=ensemble, ensemble_raw=raw, per_fold=stack,
-                           folds=sorted(ckpts), bias=bias, calibrated=calibrated)
-    write_oof_predictions(out / "oof.npz", tta=oof["tta"], plain=oof["plain"], fold=fold_of)
+                           folds=sorted(ckpts), bias=bias, calibrated=calibrated,
+                           oof_kind="tta" if pcfg["tta"] == "flip" else "plain",
+                           face_id=test.meta["face_id"], keypoint_names=names)
+    write_oof_predictions(out / "oof.npz", tta=oof["tta"], plain=oof["plain"], fold=fold_of,
+                          face_id=train.meta["face_id"], keypoint_names=names)
     write_resolved(cfg, out, ["predict"])
     log.info("predicted %d test faces with %d fold(s), tta=%s -> %s", len(test), len(ckpts), pcfg["tta"], out)
 
