@@ -419,7 +419,7 @@ def submit_xml_malicious_checkpoint(demo_dir, tmp):
                 [str(ckpt)], r"not a loadable checkpoint", out.parent)
 
 
-# issue 12: hostile inputs, one builder per class (boxes, numeric params, duplicated keys,
+# hostile inputs, one builder per class (boxes, numeric params, duplicated keys,
 # errors naming the file read, stage inputs that do not belong together, lying images) ---
 
 

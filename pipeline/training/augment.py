@@ -30,7 +30,7 @@ The one difference from running torchvision's RandAugment op by op: a photometri
 before a geometric one is applied after the warp, so its image statistics (Contrast's
 mean, AutoContrast's range, Equalize's histogram) include the warp's black fill.
 
-torchvision 0.29 (checked numerically, see tests/test_augment.py)
+torchvision 0.29 (checked numerically, see tests/training/test_augment.py)
 ---------------------------------------------------------------
 * `v2.RandAugment` refuses KeyPoints (TypeError). The op list, the magnitude tables
   (num_magnitude_bins=31, magnitude m in 0..30), the sign draw and each op's geometry are
