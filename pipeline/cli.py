@@ -83,6 +83,10 @@ def main(argv=None) -> None:
     except PipelineError as e:
         click.echo(f"error: {e.format()}", err=True)
         sys.exit(e.exit_code)
+    except OSError as e:  # what no check foresaw (a disk that fills, a folder that vanishes): still one line
+        err = PipelineError(e.filename, e.strerror or type(e).__name__)
+        click.echo(f"error: {err.format()}", err=True)
+        sys.exit(err.exit_code)
     except click.exceptions.Abort:
         click.echo("aborted", err=True)
         sys.exit(130)

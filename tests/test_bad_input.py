@@ -9,6 +9,7 @@ check the actual stderr byte for byte."""
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import pickle
@@ -600,6 +601,114 @@ def solution_too_short(demo_dir, tmp):
                 r"rows, not whole faces of 68 keypoints", out)
 
 
+
+# where output goes ----------------------------------------------------------------------
+
+
+def _test_predictions(tmp, ws) -> Path:
+    n = len((ws / "cache" / "test" / "meta.csv").read_text().splitlines()) - 1
+    npz = tmp / "test.npz"
+    np.savez(npz, ensemble=np.zeros((n, 68, 2)))
+    return npz
+
+
+def submit_out_dir_is_a_file(tmp, tiny_workspace):
+    out = tmp / "subs"
+    out.write_text("not a folder")
+    return Case(["submit", "--predictions", str(_test_predictions(tmp, tiny_workspace)), "--cache",
+                 str(tiny_workspace / "cache"), "--out-dir", str(out)], [str(out)], r"is a file, not a folder", out)
+
+
+def score_json_parent_is_a_file(demo_dir, tmp):
+    parent = tmp / "scores"
+    parent.write_text("not a folder")
+    return Case(["score", str(demo_dir / "solution.csv"), "--solution", str(demo_dir / "solution.csv"),
+                 "--json", str(parent / "score.json")], [str(parent), str(parent / "score.json")],
+                r"is a file, not a folder", parent)
+
+
+def score_json_is_a_directory(demo_dir, tmp):
+    out = tmp / "scores"
+    out.mkdir()
+    return Case(["score", str(demo_dir / "solution.csv"), "--solution", str(demo_dir / "solution.csv"),
+                 "--json", str(out)], [str(out)], r"is a directory, expected a file", out)
+
+
+def demo_out_is_a_file(tmp):
+    out = tmp / "demo"
+    out.write_text("not a folder")
+    return Case(["demo-data", str(out)], [str(out)], r"exists and is not a folder", out)
+
+
+def submission_name_nul_byte(tmp, tiny_workspace):
+    params = tmp / "params.yaml"
+    params.write_text('submit:\n  name: "sub\\0mission"\n')
+    out = tmp / "subs"
+    return Case(["submit", "--params", str(params), "--predictions", str(_test_predictions(tmp, tiny_workspace)),
+                 "--cache", str(tiny_workspace / "cache"), "--out-dir", str(out)], [str(params)],
+                r"submit.name must be a plain file name, got 'sub\\x00mission'", out)
+
+
+def output_path_nul_byte(demo_dir, tmp):
+    """A NUL byte in a path given in-process (argv cannot hold one)."""
+    out = tmp / "cache_out"
+    return Case(["crop", "--out", f"{out}\0x", "--set", f"data.dir={demo_dir}", *CROP_SETS], [f"{out}\\0x"],
+                r"invalid name \(holds a NUL byte\)", out)
+
+
+def submission_id_beyond_int64(demo_dir, tmp):
+    def edit(lines):
+        lines[3] = "99999999999999999999,1.0"
+        return r"line 4: Id '99999999999999999999' out of range"
+
+    return _score_case(demo_dir, tmp, edit)
+
+
+def submission_id_huge_within_int64(demo_dir, tmp):
+    """An Id that fits int64 made the missing-Id report allocate an array that long."""
+    def edit(lines):
+        lines[3] = "999999999999999999,1.0"
+        return r"missing Id 2 \(and \d{18} more\)"
+
+    return _score_case(demo_dir, tmp, edit)
+
+
+def checkpoint_absurd_input_size(tmp, tiny_workspace):
+    """A config declaring a 10^9 px input: refused before anything is allocated."""
+    import torch
+
+    p = _ibug68_checkpoint(tmp / "c.pt", 32, 1.25)
+    ck = torch.load(p, weights_only=True)
+    ck["model_config"]["input_size"] = 10 ** 9
+    torch.save(ck, p)
+    case, _ = _predict_case(tmp, tiny_workspace, p)
+    case.problem = r"input_size must be an integer in \[1, 4096\], got 1000000000"
+    return case
+
+
+def checkpoint_bad_in_second_fold(tmp, tiny_workspace):
+    """Every fold's checkpoint is checked before fold 0 predicts (and logs its line)."""
+    case, _ = _predict_case(tmp, tiny_workspace, _ibug68_checkpoint(tmp / "c.pt", 32, 1.25))
+    bad = tmp / "models" / "fold1" / "best.pt"
+    bad.parent.mkdir()
+    bad.write_bytes(b"not a checkpoint")
+    case.names, case.problem = [str(bad)], r"not a loadable checkpoint"
+    return case
+
+
+def folds_fold_number_absurd(tmp, tiny_workspace):
+    """Fold 10^12 would make predict look for 10^12 checkpoints."""
+    def edit(df):
+        df.loc[0, "fold"] = 10 ** 12
+        return df
+
+    folds = _edited_folds(tmp, tiny_workspace, edit)
+    out = tmp / "predictions"
+    return Case(["predict", "--cache", str(tiny_workspace / "cache"), "--folds", str(folds), "--models",
+                 str(tmp / "models"), "--out", str(out), "--set", "predict.device=cpu"],
+                [str(folds)], r"column 'fold' must hold integers in 0\.\.\d+", out)
+
+
 CASES = {f.__name__: f for f in (
     xml_truncated, xml_test_truncated, xml_not_xml, xml_without_images, xml_missing,
     image_missing, image_zero_bytes, image_corrupt_jpeg, image_corrupt_jpeg_parallel, image_truncated_jpeg, image_is_directory,
@@ -617,6 +726,9 @@ CASES = {f.__name__: f for f in (
     set_nonpositive_train_numbers, set_negative_epochs, set_infinite_lr,
     folds_rows_shuffled, folds_rows_missing_predict, checkpoint_other_crop_geometry, caches_of_two_crop_runs,
     solution_too_short, crop_into_foreign_folder,
+    submit_out_dir_is_a_file, score_json_parent_is_a_file, submission_name_nul_byte, output_path_nul_byte,
+    submission_id_beyond_int64, submission_id_huge_within_int64, checkpoint_absurd_input_size,
+    folds_fold_number_absurd, checkpoint_bad_in_second_fold, score_json_is_a_directory, demo_out_is_a_file,
 )}
 
 
@@ -701,7 +813,8 @@ def test_malicious_payload_is_live(tmp_path):
 
 
 @pytest.mark.parametrize("name", ["xml_truncated", "image_corrupt_jpeg_parallel", "params_unknown_key",
-                                  "submission_nan", "checkpoint_malicious_pickle", "box_absurdly_large"])
+                                  "submission_nan", "checkpoint_malicious_pickle", "box_absurdly_large",
+                                  "submit_out_dir_is_a_file"])
 def test_real_process(name, request, tmp_path):
     """The same check on the real stderr of a `python -m pipeline` process."""
     case = _build(name, request, tmp_path)
@@ -728,3 +841,144 @@ def test_no_unsafe_loaders_in_package():
             if re.search(r"allow_pickle\s*=\s*True", code):
                 offenders.append(f"{path.name}:{i}: {line.strip()}")
     assert not offenders, offenders
+
+
+# --------------------------------------------------------------------------- unwritable output
+# Faults of the output location, injected deterministically (the tests run as root, for
+# whom chmod does not stop a write): the check before the work sees a folder it may not
+# write to; a write fails on a full disk; the final rename fails on a read-only file system.
+
+
+def _fault_argv(command: str, tmp: Path, demo_dir: Path, ws: Path) -> tuple[list[str], Path]:
+    """(argv, its output) of a command that writes into tmp."""
+    if command == "crop":
+        out = tmp / "cache_out"
+        return ["crop", "--out", str(out), "--set", f"data.dir={demo_dir}", *CROP_SETS], out
+    if command == "folds":
+        out = tmp / "folds" / "folds.csv"
+        return ["folds", "--cache", str(ws / "cache"), "--out", str(out), "--set", "folds.k=2",
+                "--set", "folds.train=[0]"], out.parent
+    if command == "train":
+        out = tmp / "models"
+        return _train_case(tmp, ws, ws / "folds.csv").argv, out
+    if command == "predict":
+        out = tmp / "predictions"
+        return ["predict", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"), "--models",
+                str(tmp / "models"), "--out", str(out), "--set", "predict.device=cpu"], out
+    if command == "submit":
+        out = tmp / "subs"
+        return ["submit", "--predictions", str(_test_predictions(tmp, ws)), "--cache", str(ws / "cache"),
+                "--out-dir", str(out)], out
+    out = tmp / "scores"
+    return ["score", str(demo_dir / "solution.csv"), "--solution", str(demo_dir / "solution.csv"),
+            "--json", str(out / "score.json")], out
+
+
+FAULTS = {
+    # fault: (problem, the commands it is tried on)
+    "read_only": (r"not writable: read-only file system", ["crop", "folds", "train", "predict", "submit", "score"]),
+    "disk_full": (r"(cannot write|writing failed) \(No space left on device\)", ["crop", "folds", "submit", "score"]),
+    "read_only_at_rename": (r"(cannot write|writing failed) \(Read-only file system\)", ["crop", "folds", "submit",
+                                                                                       "score"]),
+}
+
+
+def _inject(fault: str, tmp: Path, monkeypatch) -> None:
+    def under_tmp(p) -> bool:
+        return str(p).startswith(str(tmp))
+
+    if fault == "read_only":  # as a read-only mount answers: access(W_OK) fails, statvfs says ST_RDONLY
+        access, statvfs = os.access, os.statvfs
+        monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if mode & os.W_OK and under_tmp(p)
+                            else access(p, mode, *a, **k))
+
+        class ReadOnly:
+            f_flag = os.ST_RDONLY
+
+        monkeypatch.setattr(os, "statvfs", lambda p: ReadOnly() if under_tmp(p) else statvfs(p))
+    elif fault == "disk_full":
+        def fsync(fd):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+        monkeypatch.setattr(os, "fsync", fsync)
+    else:
+        replace = os.replace
+
+        def read_only(a, b, *args, **kwargs):
+            if under_tmp(b):
+                raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(b))
+            return replace(a, b, *args, **kwargs)
+
+        monkeypatch.setattr(os, "replace", read_only)
+
+
+@pytest.mark.parametrize("fault,command", [(f, c) for f, (_, cmds) in FAULTS.items() for c in cmds])
+def test_unwritable_output(fault, command, demo_dir, tiny_workspace, tmp_path, monkeypatch, capsys, caplog):
+    """Exit 2 and one line naming the output (no traceback, no progress line before it);
+    nothing written, no temp file left."""
+    from pipeline.cli import main
+
+    argv, out = _fault_argv(command, tmp_path, demo_dir, tiny_workspace)
+    monkeypatch.chdir(tmp_path)
+    _inject(fault, tmp_path, monkeypatch)
+    capsys.readouterr()
+    caplog.clear()
+    with caplog.at_level(logging.INFO), pytest.raises(SystemExit) as exc:
+        main(argv)
+    monkeypatch.undo()
+    lines = capsys.readouterr().err.splitlines() + [r.getMessage() for r in caplog.records
+                                                    if r.levelno >= logging.INFO]
+    assert exc.value.code == 2 and len(lines) == 1, lines
+    assert lines[0].startswith(f"error: {tmp_path}") and str(out) in lines[0], lines[0]
+    assert re.search(FAULTS[fault][0], lines[0]), lines[0]
+    assert not out.exists() and not list(tmp_path.rglob("*.tmp*")), list(tmp_path.rglob("*"))
+
+
+def test_torch_writer_failure_is_a_write_error(tmp_path, monkeypatch):
+    """torch.save reports a failed write (a full disk) as a RuntimeError of its zip writer."""
+    import torch
+
+    from pipeline.core.errors import PipelineError
+    from pipeline.core.io import torch_save
+
+    def full(obj, f):
+        raise RuntimeError("[enforce fail at inline_container.cc:626] . unexpected pos 64 vs 0\n"
+                           "PytorchStreamWriter failed writing file data/0: file write failed")
+
+    monkeypatch.setattr(torch, "save", full)
+    with pytest.raises(PipelineError) as e:
+        torch_save(tmp_path / "m" / "last.pt", {"x": 1})
+    assert e.value.format() == f"{tmp_path}/m/last.pt: cannot write (PytorchStreamWriter failed writing file " \
+                               "data/0: file write failed)"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_unforeseen_os_error_is_one_line(tmp_path, monkeypatch, capsys):
+    """An OS error no check foresaw still ends as one line naming its file, exit 2."""
+    import pipeline.stages.submit
+    from pipeline.cli import main
+
+    def broken(path, keys):
+        raise OSError(errno.EIO, os.strerror(errno.EIO), str(path))
+
+    monkeypatch.setattr(pipeline.stages.submit, "read_predictions", broken)
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:
+        main(["submit", "--predictions", str(tmp_path / "test.npz"), "--out-dir", str(tmp_path / "subs")])
+    assert e.value.code == 2
+    assert capsys.readouterr().err.splitlines() == [f"error: {tmp_path}/test.npz: {os.strerror(errno.EIO)}"]
+
+
+def test_check_output_names_a_folder_it_may_not_write(tmp_path, monkeypatch):
+    from pipeline.core.errors import PipelineError
+    from pipeline.core.io import check_output
+
+    (tmp_path / "out").mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, *a, **k: False if mode & os.W_OK and p == tmp_path / "out"
+                        else access(p, mode, *a, **k))
+    with pytest.raises(PipelineError) as e:
+        check_output(tmp_path / "out" / "x.csv")
+    assert e.value.format() == f"{tmp_path}/out: not writable: permission denied (cannot write {tmp_path}/out/x.csv)"
+    with pytest.raises(PipelineError, match="out: not writable: permission denied$"):
+        check_output(tmp_path / "out", folder=True)  # a folder output is written into

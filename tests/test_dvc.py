@@ -143,6 +143,26 @@ def dvc_project(tmp_path_factory):
     return root, run
 
 
+def test_unchanged_outputs_let_dvc_skip_what_follows(dvc_project):
+    """Same inputs, same bytes: `dvc repro` twice in a row runs nothing (and `dvc status`
+    agrees), and a crop that re-runs on a code change that alters no output (a comment)
+    leaves data/cache as it was, so DVC skips every stage after it."""
+    root, run = dvc_project
+    run("repro")  # whatever an earlier test left changed
+    assert "up to date" in run("status")
+    log = run("repro")
+    assert "Running stage" not in log, log[-2000:]
+    crop_py = root / "pipeline" / "stages" / "crop.py"
+    crop_py.write_text(crop_py.read_text() + "# a comment\n")
+    log = run("repro")
+    assert "Running stage 'crop'" in log, log[-2000:]
+    ran = [line for line in log.splitlines() if line.startswith("Running stage")]
+    assert ran == ["Running stage 'crop':"], log[-2000:]
+    for stage in ("folds", "train@0", "predict", "submit", "evaluate"):
+        assert f"Stage '{stage}' didn't change, skipping" in log, (stage, log[-2000:])
+    assert "up to date" in run("status")
+
+
 def test_every_param_change_reruns_its_stage(dvc_project):
     root, run = dvc_project
     for stage, key, value, outs in CHANGES:

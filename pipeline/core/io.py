@@ -33,20 +33,95 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
     cv2.imencode and write the bytes rather than cv2.imwrite on the temp path).
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix + ".tmp")
-    os.close(fd)
-    os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual mode
+    made = [d for d in path.parents if not os.path.lexists(d)]  # folders a failed write removes again
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix + ".tmp")
+        os.close(fd)
+        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual mode
+    except OSError as e:
+        _remove_empty(made)
+        raise write_error(path, e) from None
     tmp_path = Path(tmp)
     try:
         yield tmp_path
         with open(tmp_path, "rb") as f:
             os.fsync(f.fileno())
         os.replace(tmp_path, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
+    except BaseException as e:
+        with contextlib.suppress(OSError):
             tmp_path.unlink()
+        _remove_empty(made)
+        if isinstance(e, OSError):  # a full disk, a read-only or vanished folder: one line
+            raise write_error(path, e) from None
         raise
+
+
+def _remove_empty(folders: list[Path]) -> None:
+    """Remove `folders` (deepest first) while they are empty."""
+    for d in folders:
+        try:
+            d.rmdir()
+        except OSError:
+            return
+
+
+class WriteError(PipelineError):
+    """An output could not be written (`reason`: the OS's word for why)."""
+
+    def __init__(self, path: str | os.PathLike | None, reason: str):
+        self.reason = reason
+        super().__init__(path, f"cannot write ({reason})")
+
+    def __reduce__(self):
+        return (type(self), (self.path, self.reason))
+
+
+def write_error(path: str | os.PathLike, e: OSError) -> WriteError:
+    """The one-line error for an OS error while writing `path`."""
+    return WriteError(path, e.strerror or type(e).__name__)
+
+
+def _shown(text: str) -> str:
+    return text.replace("\0", "\\0")  # a NUL byte would end the error line early on a terminal
+
+
+def check_output(path: str | os.PathLike, folder: bool = False) -> Path:
+    """Fail before any work when the output `path` (a file; a folder with folder=True)
+    cannot be written: a name holding a NUL byte or too long, a path that exists as the
+    other kind, a parent that is a file, or a location that is read-only or not writable.
+    Raises PipelineError naming the path at fault; creates nothing."""
+    text = os.fspath(path)
+    if "\0" in text:
+        raise PipelineError(_shown(text), "invalid name (holds a NUL byte)")
+    path = Path(text)
+    base = path  # the nearest existing path at or above `path`
+    while not os.path.lexists(base) and base != base.parent:
+        base = base.parent
+    if base == path:
+        if folder and not path.is_dir():
+            raise PipelineError(path, "exists and is not a folder")
+        if not folder and path.is_dir():
+            raise PipelineError(path, "is a directory, expected a file")
+    elif not base.is_dir():
+        raise PipelineError(base, f"is a file, not a folder (cannot write {path})")
+    limit = 255
+    with contextlib.suppress(OSError, ValueError):
+        limit = os.pathconf(base, "PC_NAME_MAX")
+    for part in path.parts:
+        if len(os.fsencode(part)) > limit:
+            raise PipelineError(path, f"invalid name (a part is longer than {limit} bytes)")
+    # the temp files and renames of the atomic writers happen in the parent; a folder
+    # output that exists is also written into
+    dirs = [path.parent if base == path else base] + ([path] if folder and base == path else [])
+    for d in dirs:
+        if not os.access(d, os.W_OK):
+            rdonly = False
+            with contextlib.suppress(OSError):
+                rdonly = bool(os.statvfs(d).f_flag & os.ST_RDONLY)
+            why = "read-only file system" if rdonly else "permission denied"
+            raise PipelineError(d, f"not writable: {why}" + (f" (cannot write {path})" if d != path else ""))
+    return path
 
 
 def remove_stale_temps(folder: str | os.PathLike, names) -> list[Path]:
@@ -83,7 +158,12 @@ def torch_save(path: str | os.PathLike, obj: Any) -> None:
         # evaluate) then start without torch's import (about 1.5 s)
         import torch
 
-        torch.save(obj, tmp)
+        try:
+            torch.save(obj, tmp)
+        except RuntimeError as e:  # how torch's zip writer reports a failed write (a full disk)
+            if "PytorchStreamWriter" not in str(e) and "cannot be opened" not in str(e):
+                raise
+            raise WriteError(path, str(e).strip().splitlines()[-1][:120]) from None
 
 
 def _json_default(o: Any) -> Any:
@@ -105,27 +185,29 @@ def staging_dir(dest: str | os.PathLike, marker: str,
     stage), so a mistyped path never deletes someone's folder. Temp folders that a killed
     run (kill -9) left beside `dest` are removed first; a failed write (a full disk) is a
     PipelineError naming `dest`, and `dest` is left as it was."""
-    dest = Path(dest)
-    if dest.exists():
-        if not dest.is_dir():
-            raise PipelineError(dest, "exists and is not a folder")
-        if any(dest.iterdir()) and not (dest / marker).exists() and not (is_ours and is_ours(dest)):
-            raise PipelineError(dest, f"exists and is not an output of this stage (no {marker}); "
-                                      "refusing to replace it")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    for stale in [*dest.parent.glob(f".{dest.name}.tmp-*"), *dest.parent.glob(f".{dest.name}.old-*")]:
-        log.info("removing %s left by an interrupted run", stale)
-        shutil.rmtree(stale, ignore_errors=True)
-    tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+    dest = check_output(dest, folder=True)
+    if dest.exists() and any(dest.iterdir()) and not (dest / marker).exists() and not (is_ours and is_ours(dest)):
+        raise PipelineError(dest, f"exists and is not an output of this stage (no {marker}); "
+                                  "refusing to replace it")
+    try:
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        stale = [*dest.parent.glob(f".{dest.name}.tmp-*"), *dest.parent.glob(f".{dest.name}.old-*")]
+        tmp = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}.tmp-"))
+    except OSError as e:
+        raise write_error(dest, e) from None
+    for p in stale:
+        log.info("removing %s left by an interrupted run", p)
+        shutil.rmtree(p, ignore_errors=True)
     try:
         yield tmp
         umask = os.umask(0)
         os.umask(umask)
         os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the output is not
         publish_dir(tmp, dest)
-    except OSError as e:
+    except (OSError, WriteError) as e:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise PipelineError(dest, f"writing failed ({e.strerror or type(e).__name__}); left as it was") from None
+        why = e.reason if isinstance(e, WriteError) else e.strerror or type(e).__name__
+        raise PipelineError(dest, f"writing failed ({why}); left as it was") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

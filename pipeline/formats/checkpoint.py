@@ -92,7 +92,7 @@ def checkpoint_crop(ckpt: dict[str, Any], where: str | os.PathLike | None = None
     except (TypeError, KeyError, ValueError):
         raise PipelineError(where, f"bad crop geometry {geo!r} in the checkpoint "
                                    "(expects crop: {size, expand})") from None
-    if size < 1 or not expand > 0:
+    if not 1 <= size <= 4096 or not 0 < expand <= 10:  # crop.side's and crop.expand's ranges: read from a file
         raise PipelineError(where, f"bad crop geometry (size {size}, expand {expand}) in the checkpoint")
     return size, expand
 

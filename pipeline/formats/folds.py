@@ -39,8 +39,9 @@ def read_folds(folds_path: str | Path, meta=None, cache_path: str | Path = "the 
     if meta is not None:
         _check_rows(folds_path, df["face_id"].to_numpy(), meta["face_id"].astype(str).to_numpy(), cache_path)
     fold = pd.to_numeric(df["fold"], errors="coerce").to_numpy()
-    if np.isnan(fold).any() or (fold < 0).any() or (fold != np.round(fold)).any():
-        raise PipelineError(folds_path, "column 'fold' must hold integers >= 0")
+    # below the row count: fold numbers size loops and arrays downstream (a fold per face at most)
+    if np.isnan(fold).any() or (fold < 0).any() or (fold != np.round(fold)).any() or (fold >= len(df)).any():
+        raise PipelineError(folds_path, f"column 'fold' must hold integers in 0..{len(df) - 1} (one per row)")
     return fold.astype(np.int64)
 
 

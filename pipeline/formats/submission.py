@@ -141,6 +141,8 @@ def read_submission(path: str | os.PathLike, n_rows: int | None = None,
             id_s, val_s = row[0].strip(), row[1].strip()
             if not _INT_RE.fullmatch(id_s):
                 raise _problem(path, f"line {line}: non-numeric Id {_short(id_s)}")
+            if len(id_s.lstrip("+-").lstrip("0")) > 18:  # 10**18 and up: past any submission, near int64's end
+                raise _problem(path, f"line {line}: Id {_short(id_s)} out of range")
             if _FLOAT_RE.fullmatch(val_s):
                 val = float(val_s)
                 if not math.isfinite(val):
@@ -172,10 +174,11 @@ def read_submission(path: str | os.PathLike, n_rows: int | None = None,
         first = int(wrong[0])
         if sorted_ids[0] < 0:
             raise PipelineError(path, f"negative Id {int(sorted_ids[0])}; Ids must be 0..{r - 1}")
-        missing = np.setdiff1d(np.arange(int(sorted_ids[-1]) + 1), sorted_ids)
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise PipelineError(path, f"missing Id {int(missing[0]) if len(missing) else first}{more}; "
-                                  f"Ids must be 0..{r - 1} for {r} rows")
+        # sorted, unique and >= 0: Id `first` is the first one missing, and every Id above
+        # r - 1 leaves one more gap below it (counted, not listed: an Id may be 10**18)
+        n_missing = int(sorted_ids[-1]) + 1 - r
+        more = f" (and {n_missing - 1} more)" if n_missing > 1 else ""
+        raise PipelineError(path, f"missing Id {first}{more}; Ids must be 0..{r - 1} for {r} rows")
     if n_rows is not None and r != n_rows:
         raise PipelineError(path, f"{r} rows, expected {n_rows}")
     return np.asarray(values, dtype=np.float64)[order]

@@ -24,6 +24,10 @@ from pipeline.core.errors import PipelineError
 # arguments every model constructor takes; everything else is a preset option
 _FIXED = ("num_keypoints", "in_chans", "input_size")
 _CONFIG_KEYS = {"preset", "num_keypoints", "in_chans", "input_size", "options"}
+# upper bounds of the sizes a model config may declare (a checkpoint's config is read
+# from a file: an absurd size must be refused before anything is allocated)
+MAX_SIZES = {"num_keypoints": 10_000, "in_chans": 4, "input_size": 4096}  # input_size: model.input_size's range
+MAX_PARAMS = 1_000_000_000  # 4 GB of float32 weights; the largest preset has a few million
 
 
 @dataclass(frozen=True)
@@ -98,8 +102,9 @@ def create_model(preset: str, num_keypoints: int, in_chans: int = 3, input_size:
     images to (B, num_keypoints, 2) input-pixel coordinates."""
     p = _get(preset)
     for key, value in (("num_keypoints", num_keypoints), ("in_chans", in_chans), ("input_size", input_size)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-            raise PipelineError(None, f"model preset '{preset}': {key} must be a positive integer, got {value!r}")
+        if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SIZES[key]:
+            raise PipelineError(None, f"model preset '{preset}': {key} must be an integer in [1, {MAX_SIZES[key]}], "
+                                      f"got {value!r}")
     try:
         model = p.fn(num_keypoints=num_keypoints, in_chans=in_chans, input_size=input_size, **options)
     except PipelineError as e:
@@ -118,8 +123,16 @@ def build_model(config: dict[str, Any]) -> nn.Module:
     extra = set(config) - _CONFIG_KEYS
     if extra:
         raise PipelineError(None, f"model config: unknown key(s) {sorted(extra)}")
-    return create_model(config["preset"], config["num_keypoints"], config.get("in_chans", 3),
-                        config.get("input_size", 224), **dict(config.get("options") or {}))
+    args = (config["preset"], config["num_keypoints"], config.get("in_chans", 3), config.get("input_size", 224))
+    options = config.get("options") or {}
+    if not isinstance(options, dict):
+        raise PipelineError(None, f"model config: options must be a mapping, got {type(options).__name__}")
+    if torch.get_default_device().type != "meta":  # the sizes the options declare, counted without memory
+        with torch.device("meta"):
+            n = count_params(create_model(*args, **options))
+        if n > MAX_PARAMS:
+            raise PipelineError(None, f"model config declares {n:.3g} parameters (at most {MAX_PARAMS:.0e})")
+    return create_model(*args, **options)
 
 
 def count_params(model: nn.Module, trainable_only: bool = False) -> int:

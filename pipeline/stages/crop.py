@@ -7,10 +7,11 @@ built in one temp folder renamed into place, so a reader never sees half a cache
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import time
-import uuid
 from pathlib import Path
 
 import click
@@ -18,9 +19,9 @@ import click
 from pipeline.core.config import config_options, params_source, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.faults import kill_point
-from pipeline.core.io import staging_dir
+from pipeline.core.io import check_output, staging_dir
 from pipeline.core.paths import CACHE_DIR
-from pipeline.formats.annotations import crop_faces, load_xml
+from pipeline.formats.annotations import crop_faces, load_xml, safe_image_path
 from pipeline.formats.cache import CACHE_MARKER, dataset_root, is_cache_root, write_cache_split
 from pipeline.keypoints.schema import get_schema
 
@@ -29,6 +30,7 @@ log = logging.getLogger(__name__)
 
 def run_crop(cfg: dict, out_dir: str | os.PathLike = CACHE_DIR) -> dict[str, int]:
     """The `crop` stage: both splits of data.dir (or the demo set) into out_dir/{train,test}."""
+    check_output(out_dir, folder=True)
     dcfg, ccfg = cfg["data"], cfg["crop"]
     if ccfg["side"] < 8 or ccfg["expand"] <= 0:
         raise PipelineError(params_source("crop.side", "crop.expand"),
@@ -58,14 +60,9 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = CACHE_DIR) -> dict[str, int
         crops[name] = crop_faces(faces[name], root, ccfg["side"], ccfg["expand"], ccfg["n_jobs"], xml,
                                  progress=True, return_sizes=True)
         timing[name] = time.perf_counter() - t0
-    for name, dt in timing.items():  # logged once everything is known to be good
-        log.info("crop %s: %d faces in %.2f s (%.0f faces/s, %d jobs)", name, len(faces[name]), dt,
-                 len(faces[name]) / max(dt, 1e-9), ccfg["n_jobs"])
     # both splits (and the params) go to one temp folder that replaces `out` as a whole: a
     # crash or a full disk never leaves a train cache and a test cache of different runs
-
-
-    run = uuid.uuid4().hex
+    run = crop_run_id(cfg, root, splits, faces)
     with staging_dir(out, CACHE_MARKER, is_ours=is_cache_root) as tmp:
         for name, (xml, _) in splits.items():
             (tmp / name).mkdir()
@@ -74,7 +71,34 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = CACHE_DIR) -> dict[str, int
                               float(dcfg["label_origin"]), run)
             kill_point(f"crop:{name}")  # tests only (pipeline/core/faults.py)
         write_resolved(cfg, tmp, ["data", "crop"])
+    for name, dt in timing.items():  # logged once the cache is written: a failure is its only line
+        log.info("crop %s: %d faces in %.2f s (%.0f faces/s, %d jobs)", name, len(faces[name]), dt,
+                 len(faces[name]) / max(dt, 1e-9), ccfg["n_jobs"])
     return {name: len(f) for name, f in faces.items()}
+
+
+# params that change no byte of the cache: where the data set lies (its files are hashed),
+# the truth file crop never reads, and how many workers crop
+_NOT_SHAPING = {"data": ("dir", "solution"), "crop": ("n_jobs",)}
+
+
+def crop_run_id(cfg: dict, root: Path, splits: dict, faces: dict) -> str:
+    """The id both splits of one crop run carry: a hash of what the run read (the params
+    that shape the cache, each annotation file's bytes and each photo's bytes), so the same
+    inputs give byte-identical caches (DVC then skips the stages downstream) while caches of
+    different inputs still differ (the mixed-cache check)."""
+    h = hashlib.sha256()
+    shaping = {s: {k: v for k, v in cfg[s].items() if k not in _NOT_SHAPING[s]} for s in _NOT_SHAPING}
+    h.update(json.dumps(shaping, sort_keys=True, default=str).encode())
+
+    def add(label: str, data: bytes) -> None:  # length-prefixed: no two inputs hash alike
+        h.update(f"\0{label}\0{len(data)}\0".encode() + data)
+
+    for name, (xml, _) in splits.items():
+        add(name, Path(xml).read_bytes())
+        for rel in dict.fromkeys(f.image for f in faces[name]):  # each photo once, in XML order
+            add(rel, safe_image_path(root, rel, xml).read_bytes())
+    return h.hexdigest()[:32]
 
 
 @click.command("crop")

@@ -17,7 +17,7 @@ import numpy as np
 
 from pipeline.core.config import config_options, flatten, write_resolved
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import write_json, write_text
+from pipeline.core.io import check_output, write_json, write_text
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, METRICS_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import dataset_root, face_count, read_array, split_schema
 from pipeline.formats.folds import read_folds
@@ -86,9 +86,11 @@ def score_files(submission: str | os.PathLike, solution: str | os.PathLike, k: i
 @click.option("--solution", required=True, type=click.Path(dir_okay=True), help="truth CSV (Id,Predicted)")
 @click.option("--keypoints", "k", type=int, default=None, help="keypoints per face (default 68 when it fits)")
 @click.option("--eyes", default="36,45", show_default=True, help="outer eye corner indices for NME, or none")
-@click.option("--json", "json_out", default=None, type=click.Path(dir_okay=False), help="also write the scores here")
+@click.option("--json", "json_out", default=None, help="also write the scores here")
 def score_cmd(submission, solution, k, eyes, json_out):
     """Score a competition CSV against a solution: MAE (pixels) and NME (%)."""
+    if json_out:
+        check_output(json_out)
     res = score_files(submission, solution, k, _parse_eyes(eyes))
     click.echo(f"MAE  {res['mae']:.6f} px   ({res['rows']} values)")
     if res["nme"] is not None:
@@ -196,7 +198,7 @@ def flat_params(cfg: dict, sections: Sequence[str] = HISTORY_SECTIONS) -> dict[s
 def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathLike,
                  predictions: str | os.PathLike, out_dir: str | os.PathLike,
                  submission: str | os.PathLike | None = None, history: bool = True) -> dict[str, Any]:
-    cache, predictions, out = Path(cache), Path(predictions), Path(out_dir)
+    cache, predictions, out = Path(cache), Path(predictions), check_output(out_dir, folder=True)
     train_split, test_split = cache / "train", cache / "test"
     schema = split_schema(train_split)
     if schema is None:  # no cache: the params' schema
@@ -227,12 +229,13 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
     sol = solution_path(cfg["data"])
     sub = Path(submission) if submission else Path("submissions") / f"{cfg['submit']['name']}.csv"
     test: dict[str, Any] = {"mae": None, "nme": None, "n": 0, "solution": None, "submission": None}
+    unscored = None  # logged once the metrics are written: a failure is the command's only line
     if not sol.exists():
-        log.info("no solution at %s: test set not scored", sol)
+        unscored = ("no solution at %s: test set not scored", sol)
     elif not sub.exists():
         if submission:
             raise PipelineError(sub, "submission not found (run `pipeline submit` first)")
-        log.info("no submission at %s: test set not scored", sub)
+        unscored = ("no submission at %s: test set not scored", sub)
     else:
         # the solution must cover the test faces
         n_test = face_count(test_split)
@@ -252,6 +255,8 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
         _append_history(out / "history.jsonl", {
             "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
             "params": flat_params(cfg), "summary": summary})
+    if unscored:
+        log.info(*unscored)
     return {"oof": oof, "test": test, "summary": summary}
 
 

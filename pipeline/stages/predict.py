@@ -13,6 +13,7 @@ import numpy as np
 from pipeline.core.config import config_options, write_resolved
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
+from pipeline.core.io import check_output
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, MODELS_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import check_same_run, load_cache
 from pipeline.formats.folds import read_folds
@@ -32,6 +33,9 @@ def fold_checkpoints(models_dir: str | os.PathLike, k: int, name: str) -> dict[i
 
 def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out_dir: str,
                 backend: str = "torch") -> None:
+    """The `predict` stage: every fold's model on the test faces (the ensemble, OOF-calibrated
+    per predict.calibrate) and on its own validation faces (out of fold) -> out_dir."""
+    check_output(out_dir, folder=True)
     pcfg = cfg["predict"]  # predict.calibrate is one of calibrate.CALIBRATE_MODES (config RANGES)
     device = resolve_device(pcfg["device"])
     train, test = load_cache(Path(cache_dir) / "train"), load_cache(Path(cache_dir) / "test")
@@ -43,9 +47,12 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     K = train.schema.k
     oof = {"tta": np.full((len(train), K, 2), np.nan), "plain": np.full((len(train), K, 2), np.nan)}
     per_fold = []
+    loaded = {}  # every checkpoint is checked before the first prediction (and its log line)
     for fold, path in sorted(ckpts.items()):
-        model, ckpt = load_predictor(path, backend, device, schema=test.schema)
-        check_crop_geometry(path, ckpt, test)
+        loaded[fold] = load_predictor(path, backend, device, schema=test.schema)
+        check_crop_geometry(path, loaded[fold][1], test)
+    for fold, path in sorted(ckpts.items()):
+        model, ckpt = loaded.pop(fold)
         log.info("fold %d: %s (epoch %d, %s)", fold, path, ckpt["epoch"], backend)
         test_pred = predict_original(model, ckpt, test.faces, test.crop_to_orig, pcfg["tta"],
                                      pcfg["batch_size"], device, progress=True, amp=pcfg["amp"],
@@ -64,8 +71,6 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     oof_kind = oof["tta"] if pcfg["tta"] == "flip" else oof["plain"]
     bias = keypoint_bias(oof_kind, train.keypoints_orig)  # (K, 2)
     calibrated = should_calibrate(pcfg["calibrate"], oof_kind, train.keypoints_orig)
-    log.info("OOF bias: mean |x| %.3f px, |y| %.3f px (mean x %+.3f, y %+.3f); calibrate=%s -> %s",
-             *np.abs(bias).mean(0), *bias.mean(0), pcfg["calibrate"], "applied" if calibrated else "not applied")
     raw = stack.mean(0)  # (N, K, 2)
     ensemble = raw - bias if calibrated else raw
     names = train.schema.names
@@ -76,6 +81,8 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     write_oof_predictions(out / "oof.npz", tta=oof["tta"], plain=oof["plain"], fold=fold_of,
                           face_id=train.meta["face_id"], keypoint_names=names)
     write_resolved(cfg, out, ["predict"])
+    log.info("OOF bias: mean |x| %.3f px, |y| %.3f px (mean x %+.3f, y %+.3f); calibrate=%s -> %s",
+             *np.abs(bias).mean(0), *bias.mean(0), pcfg["calibrate"], "applied" if calibrated else "not applied")
     log.info("predicted %d test faces with %d fold(s), tta=%s -> %s", len(test), len(ckpts), pcfg["tta"], out)
 
 

@@ -15,6 +15,7 @@ import numpy as np
 
 from pipeline.core.config import config_options, params_source
 from pipeline.core.errors import PipelineError
+from pipeline.core.io import check_output
 from pipeline.core.paths import CACHE_DIR
 from pipeline.formats.cache import face_count, split_schema
 from pipeline.formats.predictions import read_predictions
@@ -27,7 +28,7 @@ log = logging.getLogger(__name__)
 def submission_path(cfg: dict, out_dir: str | os.PathLike, out_path: str | os.PathLike | None) -> Path:
     """--out, else <out_dir>/<submit.name>.csv (submit.name must be a plain file name)."""
     name = cfg["submit"]["name"]
-    if not name or "/" in name or "\\" in name or name in (".", ".."):
+    if not name or "/" in name or "\\" in name or "\0" in name or name in (".", ".."):
         raise PipelineError(params_source("submit.name"), f"submit.name must be a plain file name, got {name!r}")
     return Path(out_path) if out_path else Path(out_dir) / f"{name}.csv"
 
@@ -73,7 +74,7 @@ def _write(coords, source, out: Path, n_faces: int | None, k: int | None) -> np.
               help="standalone mode: predict this test XML instead of reading --predictions")
 @click.option("--checkpoints", multiple=True, type=click.Path(dir_okay=False),
               help="standalone mode: checkpoint(s) to ensemble; more may follow as arguments")
-@click.option("--out", "out_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--out", "out_path", default=None,
               help="output CSV (default <out-dir>/<submit.name>.csv)")
 @click.argument("more_checkpoints", nargs=-1, type=click.Path(dir_okay=False))
 @config_options
@@ -82,7 +83,7 @@ def submit_cmd(predictions_path, cache, out_dir, xml_path, checkpoints, out_path
 
     Standalone: `pipeline submit --xml TEST_XML --checkpoints a.pt [b.pt ...] [--out PATH]`
     predicts any test XML with any checkpoints (fold-averaged)."""
-    out = submission_path(cfg, out_dir, out_path)
+    out = check_output(submission_path(cfg, out_dir, out_path))
     ckpts = list(checkpoints) + list(more_checkpoints)
     if xml_path is None:
         if ckpts:

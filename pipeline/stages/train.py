@@ -18,7 +18,7 @@ import torch
 from pipeline.core.config import config_options, write_resolved
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import remove_stale_temps, write_json
+from pipeline.core.io import check_output, remove_stale_temps, write_json
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, MODELS_DIR
 from pipeline.formats.checkpoint import save_checkpoint
 from pipeline.training.distributed import init_distributed
@@ -41,7 +41,9 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str
     """Train fold `fold`; returns the final metrics. `max_epochs` stops early (for tests of
     interruption): the schedule still follows train.epochs."""
     tcfg = cfg["train"]
-    out = Path(out_root) / f"fold{fold}"
+    out = check_output(Path(out_root) / f"fold{fold}", folder=True)
+    if live_dir is not None:
+        check_output(live_dir, folder=True)
     cache, train_idx, val_idx = load_fold(cache_dir, folds_path, fold)
     rank, world, device_name = init_distributed(tcfg["device"])
     is_main = rank == 0  # only rank 0 writes checkpoints, metrics and DVCLive logs
@@ -58,7 +60,7 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str
         for p in remove_stale_temps(out, (last_path.name, "best.pt", "metrics.json", "params.resolved.yaml")):
             log.info("fold %d: removed %s left by an interrupted run", fold, p)
         write_resolved(cfg, out, TRAIN_SECTIONS)
-    live = _open_live(live_dir, resume=start_epoch > 0) if is_main else None
+    live = _open_live(live_dir, history) if is_main else None
     log.info("fold %d: %d train / %d val faces, %s on %s, amp=%s, %d epochs", fold, len(train_idx),
              len(val_idx), cfg["model"]["preset"], setup.device, setup.amp, tcfg["epochs"])
     end_epoch = tcfg["epochs"] if max_epochs is None else min(tcfg["epochs"], max_epochs)
@@ -85,10 +87,7 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str
         if world > 1:
             torch.distributed.barrier()
         if live is not None:
-            for name, value in row.items():
-                if name != "epoch":
-                    live.log_metric(name, value)
-            live.next_step()
+            _log_live(live, row)
     if not history:
         raise PipelineError(last_path, "no epochs trained (train.epochs is 0?)")
     best = min(history, key=lambda r: r["val_mae"] if math.isfinite(r["val_mae"]) else float("inf"))
@@ -104,12 +103,25 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str
     return metrics
 
 
-def _open_live(live_dir, resume: bool):
+def _open_live(live_dir, history: list[dict]):
+    """A fresh DVCLive log holding the epochs of `history` (those a resumed run already
+    trained): DVC deletes a stage's plots before running it, and a run that resumes with
+    nothing left to train must still leave them whole, and the same as before."""
     if live_dir is None:
         return None
     from dvclive import Live
 
-    return Live(dir=str(live_dir), resume=resume, save_dvc_exp=False, dvcyaml=None, report=None)
+    live = Live(dir=str(live_dir), resume=False, save_dvc_exp=False, dvcyaml=None, report=None)
+    for row in history:
+        _log_live(live, row)
+    return live
+
+
+def _log_live(live, row: dict) -> None:
+    for name, value in row.items():
+        if name != "epoch":
+            live.log_metric(name, value)  # no timestamp column: the same run logs the same bytes
+    live.next_step()
 
 
 @click.command("train")

@@ -33,7 +33,13 @@ import numpy as np
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import write_json
 from pipeline.formats.cache import read_array, read_info, read_meta
-from pipeline.formats.predictions import ID_KEYS, OOF_KEYS, read_predictions, write_oof_predictions, write_test_predictions
+from pipeline.formats.predictions import (
+    ID_KEYS,
+    OOF_KEYS,
+    read_predictions,
+    write_oof_predictions,
+    write_test_predictions,
+)
 from pipeline.formats.submission import read_solution, validate_coords, write_submission
 from pipeline.keypoints.calibrate import keypoint_bias, should_calibrate
 from pipeline.keypoints.metrics import mae, nme

@@ -99,5 +99,8 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
 def predict_image_cmd(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector):
     """Keypoints for any photo: face detection, then crop -> model -> photo pixels.
     Writes <stem>_keypoints.png and <stem>_keypoints.json per photo."""
+    from pipeline.core.io import check_output
+
+    check_output(out_dir, folder=True)
     for r in run_predict_image(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector):
         click.echo(f"{r['image']}: {r['n_faces']} face(s)")

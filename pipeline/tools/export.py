@@ -161,7 +161,9 @@ def quantize_int8(data: bytes, calib: np.ndarray) -> bytes:
                                                    "[synthetic demo faces]")
 def export_cmd(checkpoint, out, no_verify, int8, calibration):
     """Export a checkpoint to ONNX (dynamic batch, soft-argmax included) plus <name>.json."""
-    out = Path(out) if out else Path(checkpoint).with_suffix(".onnx")
+    from pipeline.core.io import check_output
+
+    out = check_output(Path(out) if out else Path(checkpoint).with_suffix(".onnx"))
     meta = export_checkpoint(checkpoint, out, verify=not no_verify, int8=int8, calibration=calibration)
     click.echo(str(out))
     click.echo(str(json_path(out)))

@@ -178,6 +178,9 @@ def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, 
 @config_options
 def morph_cmd(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split, data_dir, mp4, device, backend, cfg):
     """Morph face A into face B (photo paths or test-cache indices) as an animated GIF."""
+    from pipeline.core.io import check_output
+
+    check_output(out)
     for path in run_morph(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split, data_dir, mp4, device,
                           backend, cfg):
         click.echo(str(path))

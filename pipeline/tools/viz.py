@@ -22,6 +22,7 @@ from torch import nn
 
 from pipeline.core.config import config_options
 from pipeline.core.errors import PipelineError
+from pipeline.core.io import check_output
 from pipeline.core.paths import CACHE_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import dataset_root, load_cache
 from pipeline.formats.checkpoint import checkpoint_crop, load_model
@@ -153,6 +154,7 @@ def run_show(cfg: dict, cache_dir: str, predictions: str, data_dir: str | None, 
 @config_options
 def show_cmd(cache, predictions, data_dir, out_dir, n, worst, tile, cfg):
     """Contact sheets: test predictions on the photos, and the worst out-of-fold faces."""
+    check_output(out_dir, folder=True)
     for p in run_show(cfg, cache, predictions, data_dir, out_dir, n, worst, tile).values():
         click.echo(str(p))
 
@@ -265,6 +267,7 @@ def run_heatmaps(source: str, checkpoint: str, cache: str, split: str, points: s
 @click.option("--out", default="heatmaps.png", show_default=True)
 def heatmaps_cmd(image_or_index, checkpoint, cache, split, points, tile, alpha, out):
     """Soft-argmax probability maps of chosen keypoints over a face (cache index or photo)."""
+    check_output(out)
     click.echo(str(run_heatmaps(image_or_index, checkpoint, cache, split, points, tile, alpha, out)))
 
 
@@ -315,4 +318,5 @@ def run_filters(checkpoint: str, out: str, tile: int, cols: int) -> Path:
 @click.option("--cols", default=0, show_default=True, help="filters per row (0: square grid)")
 def filters_cmd(checkpoint, out, tile, cols):
     """The first conv layer's filters of a checkpoint, as an image grid."""
+    check_output(out)
     click.echo(str(run_filters(checkpoint, out, tile, cols)))

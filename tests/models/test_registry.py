@@ -296,8 +296,13 @@ def test_bad_option_values(options, match):
 def test_bad_sizes():
     with pytest.raises(PipelineError, match="multiple of 32"):
         create_model("resunet-tiny", K, input_size=100)
-    with pytest.raises(PipelineError, match="num_keypoints must be a positive integer"):
+    with pytest.raises(PipelineError, match=r"num_keypoints must be an integer in \[1, 10000\], got 0"):
         create_model("resunet-tiny", 0)
+    # sizes a checkpoint declares are bounded before anything is allocated
+    with pytest.raises(PipelineError, match=r"input_size must be an integer in \[1, 4096\], got 8192"):
+        build_model({"preset": "resunet-tiny", "num_keypoints": 3, "input_size": 8192})
+    with pytest.raises(PipelineError, match=r"declares \d.\d+e\+\d+ parameters \(at most 1e\+09\)"):
+        build_model({"preset": "resunet-tiny", "num_keypoints": 3, "input_size": 64, "options": {"width": 100_000}})
     with pytest.raises(PipelineError, match="model config"):
         build_model({"preset": "resunet-tiny", "num_keypoints": 3, "extra": 1})
 

@@ -186,3 +186,30 @@ def test_nose1_schema_keeps_part_30(demo_dir, tmp_path):
     full = np.stack([f.keypoints for f in load_xml(demo_dir / "labels_ibug_300W_train.xml", IBUG68)])
     assert c.schema.name == "nose1" and c.keypoints.shape == (48, 1, 2)
     np.testing.assert_array_equal(c.keypoints_orig[:, 0], full[:, 30])
+
+
+def _files(folder):
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_same_inputs_give_byte_identical_caches(demo_dir, tmp_path):
+    """Every file of two crops of the same inputs is the same (so DVC skips what follows),
+    and both splits of a run carry one id; a changed photo gives another id."""
+    import shutil
+
+    cfg = _cfg(demo_dir, "crop.side=16")
+    run_crop(cfg, tmp_path / "a")
+    run_crop(cfg, tmp_path / "b")
+    a = _files(tmp_path / "a")
+    assert {"train/info.json", "test/info.json", "params.resolved.yaml", "train/faces.npy"} <= set(a)
+    assert a == _files(tmp_path / "b")
+    run = json.loads(a["train/info.json"])["run"]
+    assert run == json.loads(a["test/info.json"])["run"]
+
+    ds = tmp_path / "ds"
+    shutil.copytree(demo_dir, ds)
+    photo = sorted((ds / "images" / "test").iterdir())[0]
+    photo.write_bytes(photo.read_bytes() + b"\0")  # same pixels, other bytes: what was read differs
+    run_crop(_cfg(ds, "crop.side=16"), tmp_path / "c")
+    other = json.loads((tmp_path / "c" / "train" / "info.json").read_text())["run"]
+    assert other != run and (tmp_path / "c" / "train" / "faces.npy").read_bytes() == a["train/faces.npy"]

@@ -37,6 +37,28 @@ def test_resume_equals_uninterrupted(tiny_workspace):
     assert abs(resumed["last_val_mae"] - full["last_val_mae"]) < 1e-5
 
 
+def test_rerun_of_a_finished_fold_writes_the_same_outputs(tiny_workspace):
+    """`dvc repro -f` (or a comment edited in train.py) re-runs train on a finished fold:
+    DVC has deleted the DVCLive plots first, and the resumed run, with nothing left to
+    train, must write them again, byte for byte, with metrics.json and the checkpoints."""
+    import shutil
+
+    ws = tiny_workspace
+    cfg = load_config(None, TINY + ["train.epochs=2", "train.randaug_n=0"])
+    out, live = ws / "rerun", ws / "rerun_live"
+    fit(cfg, 0, ws / "cache", ws / "folds.csv", out, resume=True, live_dir=live)
+
+    def files():
+        return {str(p.relative_to(ws)): p.read_bytes() for d in (out, live / "plots")
+                for p in sorted(d.rglob("*")) if p.is_file()}
+
+    first = files()
+    assert "rerun_live/plots/metrics/val_mae.tsv" in first and "rerun/fold0/metrics.json" in first
+    shutil.rmtree(live / "plots")
+    m = fit(cfg, 0, ws / "cache", ws / "folds.csv", out, resume=True, live_dir=live)
+    assert m["epochs"] == 2 and files() == first
+
+
 def test_changed_params_do_not_resume(tiny_workspace, caplog):
     ws = tiny_workspace
     fit(load_config(None, TINY), 0, ws / "cache", ws / "folds.csv", ws / "p", resume=False, max_epochs=1)

@@ -13,7 +13,7 @@ import torch
 from pipeline.core.config import config_options
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import write_json
+from pipeline.core.io import check_output, write_json
 from pipeline.formats.checkpoint import checkpoint_crop, load_model
 from pipeline.keypoints.schema import get_schema
 from pipeline.models import create_model, default_input_size, list_presets
@@ -172,6 +172,7 @@ def _csv(text: str | None) -> list[str]:
 def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache, data, no_accuracy, checkpoints,
               more_checkpoints, device, threads, min_time, matmul_n, no_dlib, no_detectors, out_path, cfg):
     """Training and inference speed, compute efficiency and accuracy in one run."""
+    check_output(out_path)
     names = _csv(presets) or [cfg["model"]["preset"]]
     unknown = [n for n in names if n not in list_presets()]
     if unknown:
