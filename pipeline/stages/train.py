@@ -34,6 +34,15 @@ from pipeline.training.setup import (
 
 log = logging.getLogger(__name__)
 
+# measurements of the machine, not of the model: in the log and in `fit`'s return value, kept
+# out of the checkpoints, metrics.json and the DVCLive curves, so that a re-run writes the
+# same bytes and DVC skips the stages after it
+TIMING = ("images_per_s", "data_wait_frac")
+
+
+def _without_timing(row: dict) -> dict:
+    return {k: v for k, v in row.items() if k not in TIMING}
+
 
 def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str | Path = FOLDS_FILE,
         out_root: str | Path = MODELS_DIR, resume: bool = True, live_dir: str | Path | None = None,
@@ -79,7 +88,8 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str
         best_mae = min(best_mae, ev["mae"]) if math.isfinite(ev["mae"]) else best_mae
         ckpt = {**meta, "model": setup.model.state_dict(), "optimizer": setup.optimizer.state_dict(),
                 "scaler": setup.scaler.state_dict() if setup.scaler is not None else {},
-                "scheduler_step": setup.state.step, "epoch": epoch + 1, "best_mae": best_mae, "history": history}
+                "scheduler_step": setup.state.step, "epoch": epoch + 1, "best_mae": best_mae,
+                "history": [_without_timing(r) for r in history]}
         if is_main:
             if improved:
                 save_checkpoint(out / "best.pt", ckpt)
@@ -92,10 +102,10 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str
         raise PipelineError(last_path, "no epochs trained (train.epochs is 0?)")
     best = min(history, key=lambda r: r["val_mae"] if math.isfinite(r["val_mae"]) else float("inf"))
     metrics = {"fold": fold, "epochs": history[-1]["epoch"], "val_mae": best["val_mae"], "val_nme": best["val_nme"],
-               "best_epoch": best["epoch"], "last_val_mae": history[-1]["val_mae"],
-               "images_per_s": history[-1]["images_per_s"], "data_wait_frac": history[-1]["data_wait_frac"]}
+               "best_epoch": best["epoch"], "last_val_mae": history[-1]["val_mae"]}
     if is_main:
         write_json(out / "metrics.json", metrics)
+    metrics.update({k: history[-1][k] for k in TIMING if k in history[-1]})  # the last epoch trained here
     if live is not None:
         live.end()
     if world > 1:
@@ -118,7 +128,7 @@ def _open_live(live_dir, history: list[dict]):
 
 
 def _log_live(live, row: dict) -> None:
-    for name, value in row.items():
+    for name, value in _without_timing(row).items():
         if name != "epoch":
             live.log_metric(name, value)  # no timestamp column: the same run logs the same bytes
     live.next_step()

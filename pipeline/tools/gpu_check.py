@@ -301,7 +301,7 @@ def check_ddp(ctx: Context) -> dict[str, Any]:
     _require(proc.returncode == 0, f"torchrun exited {proc.returncode}: {output[-1500:]}")
     metrics = json.loads((out / "fold0" / "metrics.json").read_text())
     _require(math.isfinite(metrics["val_mae"]), f"DDP val MAE {metrics['val_mae']}")
-    res = {"val_mae": metrics["val_mae"], "images_per_s": metrics["images_per_s"]}
+    res = {"val_mae": metrics["val_mae"], "images_per_s": metrics.get("images_per_s")}
     if watch:
         res["max_processes_on_gpu0"] = watch.max_on_first
         _require(watch.max_on_first <= 1, f"{watch.max_on_first} processes of the run on GPU 0 (one per GPU expected)")
