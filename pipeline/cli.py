@@ -30,6 +30,8 @@ COMMANDS = {
     "filters": "pipeline.tools.viz:filters_cmd",
     "predict-image": "pipeline.tools.detect:predict_image_cmd",
     "morph": "pipeline.tools.morph:morph_cmd",
+    "predict-video": "pipeline.tools.video:predict_video_cmd",
+    "make-test-video": "pipeline.tools.video:make_test_video_cmd",
     "gpu-check": "pipeline.tools.gpu_check:gpu_check_cmd",
     "blend": "pipeline.tools.blend:blend_cmd",
 }

@@ -267,3 +267,29 @@ def parse_gif(data: bytes):
         else:
             raise AssertionError(f"unknown block 0x{b:02x} at {pos}")
     return w, h, pal, loop, frames
+
+
+# ------------------------------------------------------------------ git + DVC projects (test_dvc, tools/test_blend)
+
+GIT_IDENTITY = {f"GIT_{role}_{field}": value for role in ("AUTHOR", "COMMITTER")
+                for field, value in (("NAME", "test"), ("EMAIL", "test@example.com"))}
+
+
+def git_dvc_project(root: Path, env: dict, dvc, message: str = "tiny project", timeout: float = 600):
+    """Make `root` a git repository with DVC initialised and everything in it committed;
+    returns `run(*args) -> stdout`, which runs a command there under `env` (plus a git
+    identity) and fails the test on a non-zero exit."""
+    import subprocess
+
+    env = {**env, **GIT_IDENTITY}
+
+    def run(*args) -> str:
+        r = subprocess.run([str(a) for a in args], cwd=root, env=env, capture_output=True, text=True, timeout=timeout)
+        assert r.returncode == 0, (args, r.stdout[-3000:], r.stderr[-3000:])
+        return r.stdout
+
+    run("git", "init", "-q")
+    run(dvc, "init", "-q")
+    run("git", "add", "-A")
+    run("git", "commit", "-q", "-m", message)
+    return run

@@ -23,7 +23,7 @@ import yaml
 
 from pipeline.cli import COMMANDS
 
-from conftest import REPO, module_file, module_imports
+from conftest import REPO, git_dvc_project, module_file, module_imports
 
 # argument parsing and error formatting: no output depends on them
 NOT_CODE_DEPS = {"pipeline/__init__.py", "pipeline/__main__.py", "pipeline/cli.py", "pipeline/core/errors.py"}
@@ -266,19 +266,8 @@ def test_queued_experiments_compare_in_dvc_exp_show(tmp_path):
         pytest.skip("dvc or git is not installed")
     root = tmp_path / "proj"
     root.mkdir()
-    who = {f"GIT_{role}_{field}": value for role in ("AUTHOR", "COMMITTER")
-           for field, value in (("NAME", "test"), ("EMAIL", "test@example.com"))}
-    env = {**tiny_project(root, QUEUE_TINY, ("dvc.yaml", ".gitignore")), **who}
-
-    def run(*args: str) -> str:
-        r = subprocess.run(list(args), cwd=root, env=env, capture_output=True, text=True, timeout=600)
-        assert r.returncode == 0, (args, r.stdout[-3000:], r.stderr[-3000:])
-        return r.stdout
-
-    run("git", "init", "-q")
-    run(dvc, "init", "-q")
-    run("git", "add", "-A")
-    run("git", "commit", "-q", "-m", "tiny project")
+    env = tiny_project(root, QUEUE_TINY, ("dvc.yaml", ".gitignore"))
+    run = git_dvc_project(root, env, dvc)
     lrs = {"lr-hi": 0.01, "lr-lo": 0.0001}
     for name, lr in lrs.items():
         run(dvc, "exp", "run", "--queue", "-q", "-n", name, "-S", f"train.lr={lr}")

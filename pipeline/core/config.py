@@ -115,6 +115,29 @@ DEFAULTS: dict[str, dict[str, Any]] = {
     "submit": {
         "name": "submission",  # submissions/<name>.csv
     },
+    "video": {  # pipeline predict-video (pipeline/inference/tracking.py, pipeline/keypoints/smoothing.py)
+        "detect_every": 10,  # run the face detector every N frames (and at once when a track is lost)
+        "detector": "auto",  # auto | mtcnn | dlib | haar (see predict-image)
+        "match_iou": 0.3,  # a detection with this IoU to a track's box continues that track (same id)
+        "max_missed": 1,  # a track missed on more detection frames in a row than this is closed
+        "min_visible": 0.5,  # a track whose box is less than this share inside the picture is closed
+        "max_faces": 0,  # track at most N faces at once (0: all)
+        # the box from a face's keypoints on the last frame, in the training boxes' convention:
+        # width = box_w_scale * keypoint x extent, height = box_h_scale * y extent, centre =
+        # extent centre + (box_dx, box_dy) * extent. Medians of both train XMLs (demo set and
+        # ibug300w-mini agree to 0.01; tracking.measure_points_to_box)
+        "box_w_scale": 1.0,
+        "box_h_scale": 1.12,
+        "box_dx": 0.0,
+        "box_dy": -0.06,
+        # One Euro filter per coordinate (Casiez et al. 2012): on | off (raw predictions). The
+        # three values: the lowest still-face jitter with moving-face NME <= 1.03 x raw on the
+        # make-test-video pair (docs/video.md: jitter -69 %, NME +2 %)
+        "smooth": "on",
+        "min_cutoff": 0.1,  # Hz: cutoff for a still face (lower = less jitter, more lag)
+        "beta": 100.0,  # Hz of cutoff per (face size / s) of speed (higher = less lag when moving)
+        "d_cutoff": 1.0,  # Hz: cutoff of the speed estimate
+    },
 }
 
 NULLABLE: dict[str, tuple[type, ...]] = {
@@ -161,6 +184,14 @@ RANGES: dict[str, tuple[Any, str]] = {
     "train.sync_bn": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
     "predict.amp": ((lambda v: v in ("auto", "on", "off", "bf16", "fp16")), "auto, on, off, bf16 or fp16"),
     "folds.group_regex": ((lambda v: _regex_with_photo(v)), "a regex with a named group (?P<photo>...)"),
+    "video.detect_every": _int_at_least(1), "video.max_missed": _int_at_least(0), "video.max_faces": _int_at_least(0),
+    "video.detector": ((lambda v: v in ("auto", "mtcnn", "dlib", "haar")), "auto, mtcnn, dlib or haar"),
+    "video.match_iou": _number_in(0, 1, lo_open=True), "video.min_visible": _number_in(0, 1),
+    "video.box_w_scale": _number_in(0, 10, lo_open=True), "video.box_h_scale": _number_in(0, 10, lo_open=True),
+    "video.box_dx": _number_in(-1, 1), "video.box_dy": _number_in(-1, 1),
+    "video.smooth": ((lambda v: v in ("on", "off")), "on or off"),
+    "video.min_cutoff": _number_in(0, 1e3, lo_open=True), "video.beta": _number_in(0, 1e3),
+    "video.d_cutoff": _number_in(0, 1e3, lo_open=True),
 }
 
 

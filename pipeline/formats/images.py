@@ -1,5 +1,5 @@
-"""Image and animation files the tools write: PNG (cv2.imencode), MP4 (cv2.VideoWriter) and
-animated GIF. Every writer publishes atomically (temp file, then rename).
+"""Image and animation files the tools write: PNG (cv2.imencode) and animated GIF (MP4 is
+pipeline/formats/video.py). Every writer publishes atomically (temp file, then rename).
 
 OpenCV writes no GIF, so this module has a small GIF89a encoder: a fixed 6x6x6 colour cube
 with 4x4 ordered (Bayer) dithering, LZW compression with variable code widths and a clear
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import struct
-import tempfile
 from pathlib import Path
 from typing import Sequence
 
@@ -131,26 +130,6 @@ def encode_gif(frames: Sequence[np.ndarray], delay_cs: int = 8, loop: int = 0,
 def write_gif(path: str | os.PathLike, frames: Sequence[np.ndarray], delay_cs: int = 8, loop: int = 0) -> Path:
     """An animated GIF of RGB frames, written to a temp file and renamed."""
     return write_bytes(path, encode_gif(frames, delay_cs, loop), ".gif")
-
-
-def write_mp4(path: str | os.PathLike, frames: Sequence[np.ndarray], fps: float) -> Path:
-    """MP4 (mp4v) through cv2.VideoWriter; written to a temp .mp4, then renamed."""
-
-    path = Path(path)
-    h, w = frames[0].shape[:2]
-    # VideoWriter picks the container by the extension and writes to a path: a private
-    # temp folder, then the bytes are published atomically
-    with tempfile.TemporaryDirectory(prefix=".morph-") as d:
-        real = Path(d) / "out.mp4"
-        vw = cv2.VideoWriter(str(real), cv2.VideoWriter_fourcc(*"mp4v"), float(fps), (w, h))
-        try:
-            if not vw.isOpened():
-                raise PipelineError(path, "cv2.VideoWriter cannot write mp4v (OpenCV built without a video backend?)")
-            for f in frames:
-                vw.write(cv2.cvtColor(f, cv2.COLOR_RGB2BGR))
-        finally:
-            vw.release()
-        return write_bytes(path, real.read_bytes(), ".mp4")
 
 
 def write_png(path: str | os.PathLike, rgb: np.ndarray) -> Path:

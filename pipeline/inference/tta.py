@@ -115,11 +115,25 @@ def predict_boxes(image: np.ndarray, boxes: np.ndarray, models: Sequence[tuple],
     """Keypoints (M, K, 2) in photo pixels for training-convention boxes (M, 4): each model
     sees the face cropped as in its training cache (crop.side, crop.expand), predictions
     are mapped back through the crop transform and averaged over the models."""
+    return predict_many([(image, boxes)], models, tta, device)[0]
+
+
+def predict_many(items: Sequence[tuple[np.ndarray, np.ndarray]], models: Sequence[tuple], tta: str = "flip",
+                 device=None, batch_size: int = 64) -> list[np.ndarray]:
+    """`predict_boxes` for several (image, boxes) at once: the faces of all images go
+    through each model in batches of batch_size. Returns one (M_i, K, 2) array per item."""
     device = device or torch.device("cpu")
+    counts = [len(b) for _, b in items]
+    k = len(models[0][1]["schema"]["names"])
+    if not sum(counts):
+        return [np.zeros((0, k, 2)) for _ in items]
+    images = [image for image, boxes in items for _ in boxes]  # the photo of every face
+    all_boxes = [b for _, boxes in items for b in boxes]
     preds = []
     for model, ckpt in models:
         size, expand = checkpoint_crop(ckpt)
-        a = np.stack([crop_transform(b, expand, size) for b in boxes])
-        faces = np.stack([crop_one(image, m, size) for m in a])
-        preds.append(predict_original(model, ckpt, faces, a, tta, 64, device)["final"])
-    return np.mean(preds, axis=0)
+        a = np.stack([crop_transform(b, expand, size) for b in all_boxes])
+        faces = np.stack([crop_one(image, m, size) for image, m in zip(images, a)])
+        preds.append(predict_original(model, ckpt, faces, a, tta, batch_size, device)["final"])
+    mean = np.mean(preds, axis=0)
+    return np.split(mean, np.cumsum(counts)[:-1])

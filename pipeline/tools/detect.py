@@ -1,12 +1,14 @@
 """`pipeline predict-image`: keypoints for any photo, no box given. Faces are found with
 the best installed face detector (pipeline/detection/detectors.py: MTCNN, dlib HOG, or OpenCV's Haar
-cascade, pipeline/detection/haar.py), each detector box is converted to the box convention the
+cascade, pipeline/haar.py), each detector box is converted to the box convention the
 models were trained with, and then the normal crop -> model -> map-back path runs
-(inference.predict_boxes: each checkpoint's stamped crop geometry, `predict_original`)."""
+(inference.predict_many: each checkpoint's stamped crop geometry, `predict_original`), with
+the faces of several photos in one batch. Inputs may be files, folders or glob patterns."""
 
 from __future__ import annotations
 
 import csv
+import glob
 import io
 import json
 import logging
@@ -15,14 +17,16 @@ from typing import Sequence
 
 import click
 import numpy as np
+from tqdm import tqdm
 
 from pipeline.core.device import resolve_device
-from pipeline.core.io import write_bytes
+from pipeline.core.errors import PipelineError
+from pipeline.core.io import check_output, write_bytes
 from pipeline.detection.detectors import get_detector, locate_faces
 from pipeline.formats.annotations import read_image
 from pipeline.formats.images import write_png
 from pipeline.inference.predictor import load_models
-from pipeline.inference.tta import predict_boxes
+from pipeline.inference.tta import predict_many
 from pipeline.keypoints.draw import draw_box, draw_points, point_colors, put_label
 from pipeline.keypoints.geometry import box_corners
 from pipeline.keypoints.schema import schema_from_dict
@@ -42,37 +46,91 @@ def annotate(image: np.ndarray, boxes: np.ndarray, points: np.ndarray, schema) -
     return out
 
 
+IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".pgm", ".ppm", ".pbm", ".jp2"}
+
+
+def expand_inputs(args: Sequence[str]) -> list[Path]:
+    """Photo paths from the command line: a file as given, a folder's image files (by
+    suffix, sorted, not recursive), a glob pattern's matching files (sorted); duplicates once."""
+    out: list[Path] = []
+    for a in args:
+        p = Path(a)
+        if p.is_dir():
+            found = sorted(f for f in p.iterdir() if f.is_file() and f.suffix.lower() in IMAGE_SUFFIXES)
+            if not found:
+                log.warning("%s: no image files in this folder", a)
+        elif not p.exists() and glob.has_magic(str(a)):
+            found = sorted(Path(f) for f in glob.glob(str(a)) if Path(f).is_file())
+            if not found:
+                log.warning("%s: matches no file", a)
+        else:
+            found = [p]
+        out += found
+    seen: set[Path] = set()
+    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+
+
 def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir: str, tta: str = "flip",
                       write_csv: bool = False, max_faces: int = 0, device_name: str = "auto",
-                      backend: str = "torch", detector: str = "auto") -> list[dict]:
+                      backend: str = "torch", detector: str = "auto", batch_size: int = 64) -> list[dict]:
+    """Photos, folders or glob patterns -> keypoints of every face found. The faces of
+    several photos go through the model together (batch_size faces); a photo that cannot be
+    read is skipped with a warning, and the run fails only when none could be read."""
 
+    paths = expand_inputs(photos)
+    if not paths:
+        raise PipelineError(photos[0] if len(photos) == 1 else None, "no image files found")
     found = get_detector(detector)  # before the models load: a missing detector fails fast
     device = resolve_device(device_name)
     models = load_models(checkpoints, device, backend)
     schema = schema_from_dict(models[0][1]["schema"])
     out = Path(out_dir)
-    results, rows, stems = [], [], set()
-    for photo in photos:
-        image = read_image(photo)
-        boxes, haar = locate_faces(image, max_faces, found.name)
-        pts = predict_boxes(image, boxes, models, tta, device) if len(boxes) else np.zeros((0, schema.k, 2))
-        if not len(boxes):
-            log.warning("%s: no face found", photo)
-        stem = Path(photo).stem
+    results, rows, stems, failed = [], [], set(), []
+    pending: list[tuple[Path, np.ndarray, np.ndarray, np.ndarray]] = []
+
+    def flush() -> None:
+        preds = predict_many([(image, boxes) for _, image, boxes, _ in pending], models, tta, device, batch_size)
+        for (photo, image, boxes, raw), pts in zip(pending, preds):
+            results.append(_write_photo(photo, image, boxes, raw, pts))
+        pending.clear()
+
+    def _write_photo(photo: Path, image, boxes, raw, pts) -> dict:
+        stem = photo.stem
         if stem in stems:  # two photos of one name from different folders
-            stem = next(f"{stem}-{i}" for i in range(2, len(photos) + 2) if f"{stem}-{i}" not in stems)
+            stem = next(f"{stem}-{i}" for i in range(2, len(paths) + 2) if f"{stem}-{i}" not in stems)
         stems.add(stem)
         write_png(out / f"{stem}_keypoints.png", annotate(image, boxes, pts, schema))
         faces = [{"box": [round(float(v), 2) for v in b], "detector_box": [round(float(v), 2) for v in h],
-                  "points": np.round(p, 3).tolist()} for b, h, p in zip(boxes, haar, pts)]
+                  "points": np.round(p, 3).tolist()} for b, h, p in zip(boxes, raw, pts)]
         res = {"image": str(photo), "width": int(image.shape[1]), "height": int(image.shape[0]),
                "detector": found.description, "schema": schema.name, "names": list(schema.names),
                "checkpoints": [str(c) for c in checkpoints], "tta": tta, "n_faces": len(faces), "faces": faces}
         write_bytes(out / f"{stem}_keypoints.json", (json.dumps(res, indent=1) + "\n").encode())
-        results.append(res)
         for j, (b, p) in enumerate(zip(boxes, pts)):
             rows.append([str(photo), j, *[f"{v:.2f}" for v in b], *[f"{v:.3f}" for v in p.reshape(-1)]])
         log.info("%s: %d face(s) -> %s", photo, len(faces), out / f"{stem}_keypoints.png")
+        return res
+
+    for photo in tqdm(paths, desc="predict-image", unit="image", disable=len(paths) < 2):
+        try:
+            image = read_image(photo)
+        except PipelineError as e:
+            if len(paths) == 1:
+                raise
+            log.warning("%s (skipped)", e.format())
+            failed.append(e)
+            continue
+        boxes, raw = locate_faces(image, max_faces, found.name)
+        if not len(boxes):
+            log.warning("%s: no face found", photo)
+        pending.append((photo, image, boxes, raw))
+        if sum(len(p[2]) for p in pending) >= batch_size:
+            flush()
+    flush()
+    if not results:
+        raise PipelineError(None, f"none of the {len(paths)} images could be read (first: {failed[0].format()})")
+    if failed:
+        log.warning("%d of %d images could not be read and were skipped", len(failed), len(paths))
     if write_csv:
         buf = io.StringIO()
         w = csv.writer(buf, lineterminator="\n")
@@ -96,11 +154,14 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
               help="onnx: onnxruntime on the CPU (a .onnx --checkpoint always runs there)")
 @click.option("--detector", type=click.Choice(["auto", "mtcnn", "dlib", "haar"]), default="auto", show_default=True,
               help="face detector (auto: the first installed of mtcnn, dlib, haar)")
-def predict_image_cmd(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector):
+@click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1),
+              help="faces per model call, across photos")
+def predict_image_cmd(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector, batch_size):
     """Keypoints for any photo: face detection, then crop -> model -> photo pixels.
-    Writes <stem>_keypoints.png and <stem>_keypoints.json per photo."""
-    from pipeline.core.io import check_output
-
+    PHOTOS: image files, folders (their image files) or glob patterns ('faces/*.jpg').
+    Writes <stem>_keypoints.png and <stem>_keypoints.json per photo (and with --csv one
+    keypoints.csv for all); unreadable photos are skipped with a warning."""
     check_output(out_dir, folder=True)
-    for r in run_predict_image(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector):
+    for r in run_predict_image(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector,
+                               batch_size):
         click.echo(f"{r['image']}: {r['n_faces']} face(s)")

@@ -17,7 +17,7 @@ import numpy as np
 import torch
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import atomic_path, write_json
+from pipeline.core.io import atomic_path, check_output, write_json
 from pipeline.formats.cache import load_cache
 from pipeline.formats.checkpoint import checkpoint_crop, load_model
 from pipeline.formats.onnx_export import INPUT, export_meta, json_path, onnx_bytes
@@ -161,7 +161,6 @@ def quantize_int8(data: bytes, calib: np.ndarray) -> bytes:
                                                    "[synthetic demo faces]")
 def export_cmd(checkpoint, out, no_verify, int8, calibration):
     """Export a checkpoint to ONNX (dynamic batch, soft-argmax included) plus <name>.json."""
-    from pipeline.core.io import check_output
 
     out = check_output(Path(out) if out else Path(checkpoint).with_suffix(".onnx"))
     meta = export_checkpoint(checkpoint, out, verify=not no_verify, int8=int8, calibration=calibration)

@@ -21,9 +21,11 @@ import numpy as np
 from pipeline.core.config import config_options
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
+from pipeline.core.io import check_output
 from pipeline.core.paths import CACHE_DIR
 from pipeline.formats.cache import dataset_root
-from pipeline.formats.images import write_gif, write_mp4
+from pipeline.formats.images import write_gif
+from pipeline.formats.video import write_mp4
 from pipeline.inference.photos import PhotoReader, cache_face, face_in_photo, is_index, meta_box
 from pipeline.inference.predictor import load_models
 from pipeline.inference.tta import predict_boxes
@@ -178,7 +180,6 @@ def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, 
 @config_options
 def morph_cmd(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split, data_dir, mp4, device, backend, cfg):
     """Morph face A into face B (photo paths or test-cache indices) as an animated GIF."""
-    from pipeline.core.io import check_output
 
     check_output(out)
     for path in run_morph(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split, data_dir, mp4, device,

@@ -74,6 +74,11 @@ def test_bench_tiny_has_every_figure(tmp_path, demo_dir, tiny_checkpoint, monkey
         assert ("skipped" in r and name.startswith("onnx")) or (_positive(r["plain"]) and _positive(r["flip"])), (name, r)
     assert "skipped" in res["batch1"]["dlib"] or _positive(res["batch1"]["dlib"]["plain"])
     assert res["batch1"]["faces"] == 8 and res["batch1"]["crop_size"] == 32  # the demo test faces, cropped
+    # video: frames/s end to end and raw / smoothed jitter and NME on the generated test videos
+    v = res["video"]
+    assert "skipped" in v or (_positive(v["frames_per_s"]) and all(
+        math.isfinite(v[kind][k]["nme"]) and v[kind][k]["jitter_px"] >= 0
+        for kind in ("still", "moving") for k in ("raw", "smoothed"))), v
     # face detectors on the demo test photos: each installed one measured, the others noted
     det = res["detectors"]
     for name in ("mtcnn", "dlib", "haar"):

@@ -4,7 +4,6 @@ command end to end on tiny prediction folders (and on two DVC experiments)."""
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -24,7 +23,7 @@ from pipeline.tools.blend import (
     simplex_lstsq,
 )
 
-from conftest import REPO, run_cli
+from conftest import REPO, git_dvc_project, run_cli
 
 
 def _grid(m, steps):
@@ -241,18 +240,8 @@ def test_blend_two_dvc_experiments(tmp_path, tiny_workspace, capsys):
                                    "    params: [sigma, seed]\n    outs: [predictions]\n")
     (root / ".gitignore").write_text("/cache\n")
     env = {**os.environ, "PATH": f"{dvc.parent}{os.pathsep}{os.environ.get('PATH', '')}", "DVC_NO_ANALYTICS": "1",
-           "PYTHONPATH": str(REPO), **{f"GIT_{r}_{f}": v for r in ("AUTHOR", "COMMITTER")
-                                       for f, v in (("NAME", "test"), ("EMAIL", "test@example.com"))}}
-
-    def sh(*args):
-        r = subprocess.run([str(a) for a in args], cwd=root, env=env, capture_output=True, text=True, timeout=300)
-        assert r.returncode == 0, (args, r.stdout[-2000:], r.stderr[-2000:])
-        return r.stdout
-
-    sh("git", "init", "-q")
-    sh(dvc, "init", "-q")
-    sh("git", "add", "-A")
-    sh("git", "commit", "-q", "-m", "tiny")
+           "PYTHONPATH": str(REPO)}
+    sh = git_dvc_project(root, env, dvc, "tiny", timeout=300)
     sh(dvc, "exp", "run", "-q", "-n", "good", "-S", "sigma=1.0", "-S", "seed=1")
     sh(dvc, "exp", "run", "-q", "-n", "bad", "-S", "sigma=6.0", "-S", "seed=2")
     out = sh(sys.executable, "-m", "pipeline", "blend", "good", "bad", "--cache", "cache", "--out", "blended")

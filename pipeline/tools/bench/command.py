@@ -24,6 +24,7 @@ from pipeline.tools.bench.inference import bench_infer
 from pipeline.tools.bench.report import format_table
 from pipeline.tools.bench.timing import matmul_peak
 from pipeline.tools.bench.training import bench_train, demo_cache
+from pipeline.tools.bench.video import bench_video
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +62,8 @@ def resolve_data_dir(data: str | None) -> Path | None:
 def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | None, input_size: int | None,
               data: str | None, checkpoints: Sequence[str], device_name: str, cache: str | None = None,
               infer_batch: int = 64, rounds: int = 2, min_time: float = 1.0, matmul_n: int = 2048,
-              use_dlib: bool = True, accuracy: bool = True, detectors: bool = True) -> dict[str, Any]:
+              use_dlib: bool = True, accuracy: bool = True, detectors: bool = True,
+              video: bool = True) -> dict[str, Any]:
     device = resolve_device(device_name)
     mcfg = cfg["model"]
     res: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -127,6 +129,9 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
     res["batch1"] = bench_batch1(model, meta, crop_size, max(min_time, 0.01) * 3, use_dlib=use_dlib,
                                  faces=sample_test_crops(resolve_data_dir(data) if accuracy else None, cfg, meta),
                                  expand=checkpoint_crop(meta)[1])
+    if video:
+        log.info("video: %s ...", res["batch1_model"])
+        res["video"] = bench_video(model, meta, cfg)
 
     data_dir = resolve_data_dir(data) if (accuracy or detectors) else None
     if accuracy and data_dir is not None and (data_dir / cfg["data"]["solution"]).exists():
@@ -167,10 +172,11 @@ def _csv(text: str | None) -> list[str]:
 @click.option("--matmul-n", default=2048, show_default=True, type=click.IntRange(min=64))
 @click.option("--no-dlib", is_flag=True, help="skip dlib even when installed")
 @click.option("--no-detectors", is_flag=True, help="skip the face detector table")
+@click.option("--no-video", is_flag=True, help="skip the video section")
 @click.option("--out", "out_path", default="bench.json", show_default=True)
 @config_options
 def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache, data, no_accuracy, checkpoints,
-              more_checkpoints, device, threads, min_time, matmul_n, no_dlib, no_detectors, out_path, cfg):
+              more_checkpoints, device, threads, min_time, matmul_n, no_dlib, no_detectors, no_video, out_path, cfg):
     """Training and inference speed, compute efficiency and accuracy in one run."""
     check_output(out_path)
     names = _csv(presets) or [cfg["model"]["preset"]]
@@ -182,7 +188,8 @@ def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache
     if threads is not None:
         torch.set_num_threads(threads)
     res = run_bench(cfg, names, steps, batch_size, input_size, data, [*checkpoints, *more_checkpoints], device,
-                    cache, infer_batch, rounds, min_time, matmul_n, not no_dlib, not no_accuracy, not no_detectors)
+                    cache, infer_batch, rounds, min_time, matmul_n, not no_dlib, not no_accuracy, not no_detectors,
+                    not no_video)
     write_json(out_path, res)
     click.echo(format_table(res))
     click.echo(f"\nwrote {out_path}")

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from pipeline.tools.bench.video import format_video
+
 
 def format_table(res: dict[str, Any]) -> str:
     lines = [f"device {res['device']}{' (' + res['device_name'] + ')' if 'device_name' in res else ''}  "
@@ -44,6 +46,8 @@ def format_table(res: dict[str, Any]) -> str:
             label = name if len(name) <= 40 else "..." + name[-37:]
             lines.append(f"{label:<40} {r['mae']:>8.3f} {100 * r['nme']:>7.2f} {fps:>9.1f} {fps1:>13.1f}")
     lines += [""] + format_batch1(res)
+    if res.get("video"):
+        lines += [""] + format_video(res["video"])
     lines += [""] + format_detectors(res.get("detectors", {"skipped": "not run"}))
     return "\n".join(lines)
 

@@ -1,0 +1,113 @@
+"""Video files: reading frames (cv2.VideoCapture) and writing them (cv2.VideoWriter) to a temp
+folder, published by a rename when complete, so a failed run leaves no half video."""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterator, Sequence
+
+import cv2
+import numpy as np
+
+from pipeline.core.errors import PipelineError
+from pipeline.core.io import write_error
+
+log = logging.getLogger(__name__)
+
+FALLBACK_FPS = 25.0  # for files that declare no frame rate
+
+
+def open_video(path: str | os.PathLike) -> tuple[cv2.VideoCapture, float, int]:
+    """(capture, frames per second, declared frame count (0 when unknown)) of a readable video."""
+    path = Path(path)
+    if not path.exists():
+        raise PipelineError(path, "video file not found")
+    if path.is_dir():
+        raise PipelineError(path, "is a directory, not a video")
+    cap = cv2.VideoCapture(str(path))
+    if not cap.isOpened():
+        cap.release()
+        raise PipelineError(path, "cannot open as a video (not a video file, or a codec OpenCV cannot decode)")
+    fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
+    if not math.isfinite(fps) or fps <= 0:
+        log.warning("%s declares no frame rate: assuming %g fps", path, FALLBACK_FPS)
+        fps = FALLBACK_FPS
+    n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
+    return cap, fps, max(n, 0)
+
+
+def frames_of(cap: cv2.VideoCapture) -> Iterator[np.ndarray]:
+    """RGB uint8 frames until the stream ends."""
+    while True:
+        ok, bgr = cap.read()
+        if not ok or bgr is None:
+            return
+        yield cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB) if bgr.ndim == 3 else cv2.cvtColor(bgr, cv2.COLOR_GRAY2RGB)
+
+
+class AtomicVideoWriter:
+    """cv2.VideoWriter (mp4v) into a temp folder beside `path`; `publish()` renames the file
+    onto `path`, `discard()` (or leaving a `with` block by an exception) removes it."""
+
+    def __init__(self, path: str | os.PathLike, fps: float):
+        self.path, self.fps = Path(path), float(fps)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        # VideoWriter picks the container by the file's extension: the temp file keeps .mp4
+        self.dir = Path(tempfile.mkdtemp(dir=self.path.parent, prefix=f".{self.path.name}.tmp-"))
+        self.tmp = self.dir / "video.mp4"
+        self.vw: cv2.VideoWriter | None = None
+        self.frames = 0
+
+    def write(self, rgb: np.ndarray) -> None:
+        if self.vw is None:
+            h, w = rgb.shape[:2]
+            self.vw = cv2.VideoWriter(str(self.tmp), cv2.VideoWriter_fourcc(*"mp4v"), self.fps, (w, h))
+            if not self.vw.isOpened():
+                raise PipelineError(self.path, "cv2.VideoWriter cannot write mp4v "
+                                               "(OpenCV built without a video backend?)")
+        self.vw.write(cv2.cvtColor(np.ascontiguousarray(rgb), cv2.COLOR_RGB2BGR))
+        self.frames += 1
+
+    def publish(self) -> Path:
+        if self.vw is None:
+            raise PipelineError(self.path, "no frames to write")
+        self.vw.release()
+        try:
+            os.chmod(self.tmp, 0o666 & ~_umask())
+            os.replace(self.tmp, self.path)
+        except OSError as e:
+            self.discard()
+            raise write_error(self.path, e) from None
+        self.discard()
+        return self.path
+
+    def discard(self) -> None:
+        if self.vw is not None:
+            self.vw.release()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> "AtomicVideoWriter":
+        return self
+
+    def __exit__(self, exc_type, *_):
+        if exc_type is not None:
+            self.discard()
+
+
+def _umask() -> int:
+    m = os.umask(0)
+    os.umask(m)
+    return m
+
+
+def write_mp4(path: str | os.PathLike, frames: Sequence[np.ndarray], fps: float) -> Path:
+    """MP4 (mp4v) of RGB uint8 frames, published when complete."""
+    with AtomicVideoWriter(path, fps) as vw:
+        for f in frames:
+            vw.write(f)
+        return vw.publish()

@@ -1,0 +1,210 @@
+"""Faces across video frames: detect on the first frame and every `detect_every` frames (or
+at once when a track is lost); in between, a face's box on the next frame is the box of its
+keypoints on this one, mapped to the box convention the model was trained with
+(`points_to_box`). Every track has an id that is never reused, and a track is closed when
+its face leaves the picture, goes undetected on more than `max_missed` detection frames in
+a row, is lost and not found again, or duplicates an older track.
+
+The detector and the keypoint predictor are injected (`detect(image) -> boxes (M, 4)` in
+the training convention, `predict(image, boxes) -> points (M, K, 2)`), so the tracker runs
+on synthetic sequences in tests and on any backend in `pipeline predict-video`.
+
+A track is lost when the box of its keypoints is tiny or overlaps its last box below
+`match_iou` (the keypoints left the face, e.g. a weak model on a hard frame): the detector
+runs on that frame, and the detection matching the track's last good box takes over under
+the same id, so a poor model degrades to detecting every frame rather than to new ids."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from pipeline.detection.boxes import iou
+from pipeline.detection.matching import match
+from pipeline.formats.annotations import load_xml
+from pipeline.keypoints.schema import IBUG68
+from pipeline.keypoints.smoothing import OneEuroFilter
+
+# A detection matched to a track (IoU >= video.match_iou) keeps the track's id; its box is
+# the track's own (from 68 keypoints, closer to the training boxes than a converted
+# detector box: Haar's has median IoU 0.78 with them) unless the two disagree below this
+# IoU, in which case the track has drifted and restarts from the detector's box.
+REANCHOR_IOU = 0.5
+# Two tracks whose boxes overlap this much follow one face: the younger one is closed.
+DUPLICATE_IOU = 0.6
+MIN_BOX_PX = 8.0  # a tracked box smaller than this is lost (the face is gone or the points collapsed)
+
+
+def points_to_box(points: np.ndarray, c: dict) -> np.ndarray:
+    """Keypoints (K, 2) or (M, K, 2) -> boxes (M, 4) [left, top, w, h] in the training
+    convention: width = w_scale * (keypoint x extent), height = h_scale * (y extent), centre
+    = the extent's centre + (dx * x extent, dy * y extent). `c` holds the four constants
+    (params video.box_*; `measure_points_to_box` derives them from a labelled XML)."""
+    p = np.asarray(points, dtype=np.float64)
+    p = p[None] if p.ndim == 2 else p
+    lo, hi = p.min(axis=1), p.max(axis=1)  # (M, 2)
+    ext = hi - lo
+    cx = (lo[:, 0] + hi[:, 0]) / 2 + c["dx"] * ext[:, 0]
+    cy = (lo[:, 1] + hi[:, 1]) / 2 + c["dy"] * ext[:, 1]
+    w, h = c["w_scale"] * ext[:, 0], c["h_scale"] * ext[:, 1]
+    return np.stack([cx - w / 2, cy - h / 2, w, h], axis=1)
+
+
+def box_constants(video_cfg: dict) -> dict:
+    return {"w_scale": video_cfg["box_w_scale"], "h_scale": video_cfg["box_h_scale"],
+            "dx": video_cfg["box_dx"], "dy": video_cfg["box_dy"]}
+
+
+def measure_points_to_box(xml_path: str | os.PathLike) -> dict:
+    """The `points_to_box` constants of a labelled XML: medians over its faces of box width
+    / keypoint x extent, box height / y extent, and the box centre's offset from the
+    extent's centre in extents."""
+    faces = load_xml(xml_path, IBUG68, require_parts=True)
+    kp = np.stack([f.keypoints for f in faces])
+    box = np.array([f.box for f in faces], dtype=np.float64)
+    lo, hi = kp.min(axis=1), kp.max(axis=1)
+    ext = np.maximum(hi - lo, 1e-9)
+    mid = (lo + hi) / 2
+    c = {"w_scale": np.median(box[:, 2] / ext[:, 0]), "h_scale": np.median(box[:, 3] / ext[:, 1]),
+         "dx": np.median((box[:, 0] + box[:, 2] / 2 - mid[:, 0]) / ext[:, 0]),
+         "dy": np.median((box[:, 1] + box[:, 3] / 2 - mid[:, 1]) / ext[:, 1])}
+    return {"faces": len(faces), **{k: float(v) for k, v in c.items()}}
+
+
+def visible_fraction(box: np.ndarray, width: int, height: int) -> float:
+    """Share of the box's area inside the picture [0, width] x [0, height]."""
+    left, top, w, h = (float(v) for v in box)
+    iw = max(0.0, min(left + w, width) - max(left, 0.0))
+    ih = max(0.0, min(top + h, height) - max(top, 0.0))
+    return iw * ih / max(w * h, 1e-9)
+
+
+@dataclass
+class Track:
+    id: int
+    first_frame: int
+    box: np.ndarray  # this frame's input box (training convention)
+    points: np.ndarray | None = None  # raw keypoints of the last frame (K, 2)
+    smoothed: np.ndarray | None = None
+    last_frame: int = -1
+    missed: int = 0  # detection frames in a row without a matching detection
+    filter: OneEuroFilter | None = None
+    end: str = ""  # why the track was closed
+    detected: bool = False  # this frame's box came from the detector
+    lost: bool = False  # its keypoints left the face: the detector must find it again
+
+
+class FaceTracker:
+    """`tracker.step(index, t, image)` -> the active tracks after this frame (each with
+    `points`, `smoothed`, `box`); `tracker.closed` lists closed tracks in closing order."""
+
+    def __init__(self, detect: Callable[[np.ndarray], np.ndarray],
+                 predict: Callable[[np.ndarray, np.ndarray], np.ndarray], *, box_from_points: dict,
+                 detect_every: int = 10, match_iou: float = 0.3, min_visible: float = 0.5, max_missed: int = 1,
+                 max_faces: int = 0, smoother: Callable[[], OneEuroFilter] | None = None):
+        self.detect, self.predict = detect, predict
+        self.c, self.detect_every, self.match_iou = box_from_points, max(1, int(detect_every)), match_iou
+        self.min_visible, self.max_missed, self.max_faces = min_visible, max_missed, max_faces
+        self.smoother = smoother
+        self.active: list[Track] = []
+        self.closed: list[Track] = []
+        self.next_id = 0
+        self.last_detect: int | None = None
+        self.detections = 0  # frames the detector ran on
+
+    def _close(self, track: Track, why: str) -> None:
+        track.end = why
+        self.closed.append(track)
+
+    def close_all(self, why: str = "end of video") -> None:
+        for t in self.active:
+            self._close(t, why)
+        self.active = []
+
+    def _new_track(self, index: int, box: np.ndarray) -> Track:
+        t = Track(id=self.next_id, first_frame=index, box=np.asarray(box, dtype=np.float64),
+                  filter=self.smoother() if self.smoother else None, detected=True)
+        self.next_id += 1
+        return t
+
+    def _match_detections(self, index: int, image: np.ndarray) -> None:
+        boxes = np.asarray(self.detect(image), dtype=np.float64).reshape(-1, 4)
+        self.detections += 1
+        self.last_detect = index
+        tracked = np.array([t.box for t in self.active]).reshape(-1, 4)
+        pairs = match(tracked, boxes, self.match_iou)
+        used = {di for _, di, _ in pairs}
+        for ti, di, _ in pairs:
+            t = self.active[ti]
+            t.missed = 0
+            if t.lost or iou(t.box[None], boxes[di][None])[0, 0] < REANCHOR_IOU:
+                t.box, t.detected, t.lost = boxes[di].copy(), True, False
+        matched = {ti for ti, _, _ in pairs}
+        keep = []
+        for i, t in enumerate(self.active):
+            if i not in matched:
+                if t.lost:
+                    self._close(t, "lost (keypoints off the face, not found by the detector)")
+                    continue
+                t.missed += 1
+                if t.missed > self.max_missed:
+                    self._close(t, "not detected")
+                    continue
+            keep.append(t)
+        self.active = keep
+        for di in range(len(boxes)):  # largest first (the detectors sort them)
+            if di in used or (self.max_faces and len(self.active) >= self.max_faces):
+                continue
+            self.active.append(self._new_track(index, boxes[di]))
+
+    def step(self, index: int, t: float, image: np.ndarray) -> list[Track]:
+        """One frame: each track's box from its last keypoints; the detector when due, when
+        a track's face left the picture, or when a track is lost (its keypoint box is tiny or
+        overlaps its last box below match_iou: the keypoints left the face); then keypoints
+        for every track in one batch."""
+        h, w = image.shape[:2]
+        lost = False
+        keep = []
+        for tr in self.active:
+            tr.detected = False
+            if tr.points is not None:
+                cand = points_to_box(tr.points, self.c)[0]
+                if min(cand[2], cand[3]) < MIN_BOX_PX or iou(cand[None], tr.box[None])[0, 0] < self.match_iou:
+                    tr.lost = lost = True  # keeps its last good box, for the detector to find it again
+                else:
+                    tr.box = cand
+            if visible_fraction(tr.box, w, h) < self.min_visible:
+                self._close(tr, "left the picture")
+                lost = True
+                continue
+            keep.append(tr)
+        self.active = keep
+        if lost or not self.active or self.last_detect is None or index - self.last_detect >= self.detect_every:
+            self._match_detections(index, image)
+        if not self.active:
+            return []
+        points = np.asarray(self.predict(image, np.stack([tr.box for tr in self.active])), dtype=np.float64)
+        for tr, p in zip(self.active, points):
+            tr.points = p
+            side = float(max(tr.box[2], tr.box[3]))
+            tr.smoothed = tr.filter(p, t, side) if tr.filter is not None else p
+        self._drop_duplicates()
+        for tr in self.active:
+            tr.last_frame = index
+        return list(self.active)
+
+    def _drop_duplicates(self) -> None:
+        if len(self.active) < 2:
+            return
+        boxes = points_to_box(np.stack([t.points for t in self.active]), self.c)
+        m = iou(boxes, boxes)
+        keep = []
+        for i, t in enumerate(self.active):  # oldest first: a later track that overlaps an earlier one goes
+            if any(m[i, j] >= DUPLICATE_IOU for j in keep):
+                self._close(t, "duplicate of another track")
+                continue
+            keep.append(i)
+        self.active = [self.active[i] for i in keep]

@@ -1,0 +1,47 @@
+"""Video inference speed: frames/s end to end (decode, detect, predict, draw, encode) on a test
+video the project makes."""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import torch
+
+from pipeline.core.errors import PipelineError
+from pipeline.detection.detectors import get_detector
+from pipeline.inference.predictor import prepare_torch
+from pipeline.tools.video import measure_smoothing
+
+
+def bench_video(model, meta: dict, cfg: dict, n_frames: int = 60) -> dict[str, Any]:
+    """`pipeline bench`'s video section: `measure_smoothing` with the torch backend on the CPU,
+    the installed detector (video.detector) and the params' One Euro filter."""
+
+    try:
+        det = get_detector(cfg["video"]["detector"])
+    except PipelineError as e:
+        return {"skipped": e.problem}
+    with tempfile.TemporaryDirectory(prefix="bench-video-") as d:
+        res = measure_smoothing([(prepare_torch(model), meta)], cfg["video"], d, n_frames,
+                                tta=cfg["predict"]["tta"], device=torch.device("cpu"))
+    res.pop("_results")
+    res["detector"] = det.description
+    return res
+
+
+def format_video(v: dict | None) -> list[str]:
+    if not v:
+        return []
+    if "skipped" in v:
+        return [f"video: skipped ({v['skipped']})"]
+    oe = v["one_euro"]
+    lines = [f"video: {v['frames']}-frame test videos (make-test-video), {v['detector']}; One Euro min_cutoff "
+             f"{oe['min_cutoff']:g} beta {oe['beta']:g}; frames/s end to end (decode, detect, predict, draw, "
+             f"encode): {v['frames_per_s']:.1f}",
+             f"{'video':<8} {'jitter raw px':>13} {'smoothed':>9} {'NME raw %':>10} {'smoothed':>9} {'tracks':>6}"]
+    for kind in ("still", "moving"):
+        r = v[kind]
+        lines.append(f"{kind:<8} {r['raw']['jitter_px']:>13.3f} {r['smoothed']['jitter_px']:>9.3f} "
+                     f"{100 * r['raw']['nme']:>10.2f} {100 * r['smoothed']['nme']:>9.2f} {r['tracks']:>6}")
+    return lines

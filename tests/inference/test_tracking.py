@@ -1,0 +1,155 @@
+"""The face tracker: boxes from keypoints, stable ids, lost and closed tracks."""
+
+
+import numpy as np
+import pytest
+
+from pipeline.detection.haar import cascade_available
+from pipeline.inference.tracking import FaceTracker, measure_points_to_box, points_to_box, visible_fraction
+from pipeline.synth.face import TEMPLATE
+
+needs_haar = pytest.mark.skipif(not cascade_available(), reason="this OpenCV has no Haar cascade (OpenCV 5)")
+C = {"w_scale": 1.0, "h_scale": 1.12, "dx": 0.0, "dy": -0.06}
+HAAR = ["--set", "video.detector=haar"]  # the test video's face was chosen for it; the others are optional
+
+
+def test_points_to_box_is_the_stated_mapping_and_measure_inverts_it(face_points, make_dataset):
+    p = face_points  # x extent 40..120, y extent 40..130
+    box = points_to_box(p, C)[0]
+    w, h = 80.0, 90.0
+    np.testing.assert_allclose(box, [80 - w / 2, 85 - 0.06 * h - 1.12 * h / 2, w, 1.12 * h])
+    # an XML whose boxes are exactly points_to_box of its keypoints gives back the constants
+    c = {"w_scale": 0.9, "h_scale": 1.2, "dx": 0.05, "dy": -0.1}
+    entries = []
+    for j, s in enumerate((1.0, 1.5, 0.7)):
+        kp = p * s + j * 3
+        b = points_to_box(kp, c)[0]
+        entries.append((f"{j}.png", [(tuple(f"{v:.6f}" for v in b), kp)]))
+    root = make_dataset(images={f"{j}.png": np.zeros((300, 300, 3), np.uint8) for j in range(3)}, train=entries)
+    got = measure_points_to_box(root / "labels_ibug_300W_train.xml")
+    assert got["faces"] == 3
+    for k, v in c.items():
+        assert got[k] == pytest.approx(v, abs=1e-3), k
+
+
+def test_visible_fraction():
+    assert visible_fraction(np.array([10, 10, 20, 20]), 100, 100) == 1.0
+    assert visible_fraction(np.array([-10, 0, 20, 20]), 100, 100) == 0.5
+    assert visible_fraction(np.array([200, 0, 20, 20]), 100, 100) == 0.0
+
+
+class Scene:
+    """Faces as point sets moving in a 200 x 160 picture; the detector returns the true boxes
+    (points_to_box of the truth, largest first) except on the frames and faces listed in
+    `hide`; the predictor returns, for each box, the truth of the face nearest to its centre
+    (so the tracked box of the next frame is exactly points_to_box of this frame's truth)."""
+
+    W, H = 200, 160
+
+    def __init__(self, tpl, paths, hide=()):
+        self.tpl, self.paths, self.hide = tpl, paths, set(hide)
+        self.frame, self.detect_calls, self.boxes_seen = 0, [], []
+
+    def truth(self, i):
+        out = {}
+        for name, path in self.paths.items():
+            at = path(i)
+            if at is not None:
+                out[name] = self.tpl * at[2] + np.array(at[:2])
+        return out
+
+    def detect(self, image):
+        self.detect_calls.append(self.frame)
+        t = {k: v for k, v in self.truth(self.frame).items() if (self.frame, k) not in self.hide}
+        boxes = [points_to_box(p, C)[0] for p in t.values()]
+        boxes = [b for b in boxes if visible_fraction(b, self.W, self.H) >= 0.5]
+        return np.array(sorted(boxes, key=lambda b: -b[2] * b[3])).reshape(-1, 4)
+
+    def predict(self, image, boxes):
+        self.boxes_seen.append((self.frame, np.array(boxes)))
+        t = list(self.truth(self.frame).values())
+        centres = np.array([points_to_box(p, C)[0][:2] + points_to_box(p, C)[0][2:] / 2 for p in t])
+        out = []
+        for b in boxes:
+            j = int(np.argmin(np.linalg.norm(centres - (b[:2] + b[2:] / 2), axis=1)))
+            out.append(t[j])
+        return np.stack(out)
+
+    def run(self, n, **kw):
+        tracker = FaceTracker(self.detect, self.predict, box_from_points=C, **kw)
+        image = np.zeros((self.H, self.W, 3), np.uint8)
+        per_frame = []
+        for i in range(n):
+            self.frame = i
+            per_frame.append({tr.id: tr.points.copy() for tr in tracker.step(i, i / 25, image)})
+        tracker.close_all()
+        return tracker, per_frame
+
+
+@pytest.fixture
+def tpl():
+    p = TEMPLATE[:, :2]
+    return (p - p.min(0)) / (p.max(0) - p.min(0)) * [30, 34]  # a 30 x 34 px face at the origin
+
+
+def test_tracker_ids_stay_stable_and_a_face_that_leaves_is_closed(tpl):
+    paths = {
+        "a": lambda i: (20 + 2 * i, 40 + i, 1.0),  # drifts right and down, stays in the picture
+        "b": lambda i: (120 + 6 * i, 90, 1.2),  # leaves through the right edge (frame 10)
+        "c": lambda i: (60, 100, 1.1) if i >= 14 else None,  # appears at frame 14
+    }
+    scene = Scene(tpl, paths)
+    tracker, frames = scene.run(24, detect_every=5)
+    by_id = {t.id: t for t in tracker.closed}
+    assert sorted(by_id) == [0, 1, 2]  # no id reused
+    b_id, a_id, c_id = 0, 1, 2  # the detector lists the larger face (b) first
+    for i, f in enumerate(frames):  # a keeps its id on every frame, with exact keypoints
+        assert np.allclose(f[a_id], scene.truth(i)["a"])
+    # b's box on frame i comes from frame i - 1's keypoints, less than half inside from i = 12
+    assert visible_fraction(points_to_box(scene.truth(11)["b"], C)[0], 200, 160) < 0.5
+    assert visible_fraction(points_to_box(scene.truth(10)["b"], C)[0], 200, 160) >= 0.5
+    assert all(np.allclose(frames[i][b_id], scene.truth(i)["b"]) for i in range(12))
+    assert not any(b_id in frames[i] for i in range(12, 24))
+    assert by_id[b_id].end == "left the picture" and by_id[b_id].last_frame == 11
+    # the detector: frame 0, every 5 frames, at once when b left (12), then every 5 again;
+    # c, in the picture from 14, is found on the next detection frame
+    assert scene.detect_calls == [0, 5, 10, 12, 17, 22]
+    assert by_id[c_id].first_frame == 17 and all(c_id in frames[i] for i in range(17, 24))
+    assert by_id[a_id].end == by_id[c_id].end == "end of video"
+
+
+def test_tracked_box_is_exactly_the_box_of_the_last_keypoints(tpl):
+    scene = Scene(tpl, {"a": lambda i: (30 + 3 * i, 40 + 2 * i, 1.0 + 0.02 * i)})
+    scene.run(8, detect_every=100)
+    assert [f for f, _ in scene.boxes_seen] == list(range(8))
+    assert scene.detect_calls == [0]
+    for f, boxes in scene.boxes_seen[1:]:
+        np.testing.assert_allclose(boxes[0], points_to_box(scene.truth(f - 1)["a"], C)[0], atol=1e-9)
+
+
+def test_tracker_closes_a_track_the_detector_keeps_missing(tpl):
+    hide = {(i, "a") for i in range(4, 30)}  # detector stops seeing a from frame 4
+    scene = Scene(tpl, {"a": lambda i: (30, 40, 1.0)}, hide)
+    tracker, frames = scene.run(12, detect_every=2, max_missed=1)
+    (t,) = tracker.closed
+    # missed on frames 4 and 6: closed on 6 (more than max_missed=1 in a row), then the
+    # detector runs on every frame (nothing tracked) and finds nothing
+    assert t.end == "not detected" and t.last_frame == 5
+    assert all(0 in frames[i] for i in range(6)) and not any(frames[i] for i in range(6, 12))
+
+
+def test_a_lost_track_is_found_again_under_its_id(tpl):
+    # a predictor whose keypoints on frame 3 collapse (the keypoints left the face): the
+    # tracker detects on frame 4 and continues the same track from the detector's box
+    scene = Scene(tpl, {"a": lambda i: (30 + i, 40, 1.0)})
+    predict = scene.predict
+
+    def bad_on_3(image, boxes):
+        p = predict(image, boxes)
+        return p * 0.1 + 5 if scene.frame == 3 else p
+
+    scene.predict = bad_on_3
+    tracker, frames = scene.run(8, detect_every=100)
+    assert scene.detect_calls == [0, 4]
+    assert [list(f) for f in frames] == [[0]] * 8
+    assert tracker.closed[0].end == "end of video"

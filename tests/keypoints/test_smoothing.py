@@ -1,0 +1,57 @@
+"""The One Euro filter: still signals stay still, ramps are followed with bounded lag."""
+
+
+import numpy as np
+import pytest
+
+from pipeline.detection.haar import cascade_available
+from pipeline.keypoints.smoothing import OneEuroFilter, smooth_sequence, smoothing_factor
+
+needs_haar = pytest.mark.skipif(not cascade_available(), reason="this OpenCV has no Haar cascade (OpenCV 5)")
+C = {"w_scale": 1.0, "h_scale": 1.12, "dx": 0.0, "dy": -0.06}
+HAAR = ["--set", "video.detector=haar"]  # the test video's face was chosen for it; the others are optional
+
+
+def test_one_euro_keeps_a_constant_signal_exactly():
+    x = np.full((68, 2), 37.25)
+    f = OneEuroFilter(0.1, 100.0, 1.0)
+    for i in range(50):
+        np.testing.assert_array_equal(f(x, i / 25), x)
+
+
+def test_one_euro_reduces_jitter_on_a_noisy_still_signal():
+    rng = np.random.default_rng(0)
+    xs = 50.0 + rng.normal(0, 0.5, (200, 68, 2))
+    ys = smooth_sequence(xs, 25.0, min_cutoff=0.5, beta=1.0, d_cutoff=1.0, scales=np.full(200, 100.0))
+    jitter_raw = np.abs(np.diff(xs, axis=0)).mean()
+    jitter_smooth = np.abs(np.diff(ys[20:], axis=0)).mean()
+    assert jitter_smooth < 0.25 * jitter_raw
+    assert abs(ys[20:].mean() - 50.0) < 0.05  # no bias
+
+
+def test_one_euro_follows_a_ramp_with_bounded_lag():
+    # x = v t: once the speed estimate has settled, a first-order filter with smoothing factor
+    # a lags by v * dt * (1 - a) / a; beta raises the cutoff with the speed, so the lag is
+    # below the one of the fixed min_cutoff filter (beta 0) and within the bound of its cutoff
+    fps, v, n = 25.0, 40.0, 150
+    xs = v * np.arange(n) / fps
+    lag = {}
+    for beta in (0.0, 2.0):
+        ys = smooth_sequence(xs[:, None], fps, min_cutoff=1.0, beta=beta, d_cutoff=1.0)[:, 0]
+        lag[beta] = xs[-1] - ys[-1]
+        a = smoothing_factor(1.0 + beta * v, 1 / fps)
+        assert 0 < lag[beta] <= v / fps * (1 - a) / a * 1.01
+    assert lag[2.0] < 0.1 * lag[0.0]
+
+
+def test_one_euro_first_sample_passes_and_speed_is_per_face_size():
+    f = OneEuroFilter(1.0, 1.0, 1.0)
+    np.testing.assert_array_equal(f(np.array([3.0]), 0.0), [3.0])
+    # the same motion on a face 10x larger (scale 10x) is filtered as the small one's
+    a, b = OneEuroFilter(1.0, 5.0, 1.0), OneEuroFilter(1.0, 5.0, 1.0)
+    for i in range(10):
+        ya = a(np.array([2.0 * i]), i / 25, scale=10.0)
+        yb = b(np.array([20.0 * i]), i / 25, scale=100.0)
+    np.testing.assert_allclose(10 * ya, yb)
+    with pytest.raises(ValueError):
+        OneEuroFilter(0.0, 1.0, 1.0)
