@@ -28,7 +28,8 @@ K = 5
 PRESETS = list_presets()
 HEATMAP = ["resunet72", "resunet-tiny", "resunet26-half"]
 # the smallest input each preset takes (five halvings); 64 px for the heatmap models
-SMALL = {"resunet72": 64, "resunet-tiny": 64, "resunet26-half": 64, "vgg-seed": 32, "resnet50-fc": 32}
+SMALL = {"resunet72": 64, "resunet-tiny": 64, "resunet26-half": 64, "resunet-fast": 64, "vgg-seed": 32,
+         "resnet50-fc": 32}
 
 _CACHE: dict = {}
 
@@ -52,8 +53,8 @@ def main_path_layers(model: nn.Module) -> list[str]:
 
 
 def test_presets_registered():
-    assert set(PRESETS) == {"resunet72", "resunet-tiny", "resunet26-half", "vgg-seed", "resnet50-fc"}
-    assert default_input_size("resunet-tiny") == 96
+    assert set(PRESETS) == {"resunet72", "resunet-tiny", "resunet26-half", "resunet-fast", "vgg-seed", "resnet50-fc"}
+    assert default_input_size("resunet-tiny") == 96 and default_input_size("resunet-fast") == 64
     assert default_input_size("resunet72") == default_input_size("vgg-seed") == 224
 
 
@@ -391,6 +392,8 @@ def test_models_command_lists_every_preset():
     assert set(rows) == set(PRESETS)
     assert abs(float(rows["resunet72"][1]) - 31) < 3.1
     assert rows["resunet-tiny"][3] == "96" and float(rows["resunet-tiny"][2]) < 0.5
+    # the one-face-at-a-time preset: a ninth of resunet-tiny's FLOPs at 96 px
+    assert rows["resunet-fast"][3] == "64" and float(rows["resunet-fast"][2]) < 0.03
 
 
 def test_resunet_class_exported():

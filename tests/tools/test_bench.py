@@ -11,6 +11,7 @@ import torch
 from pipeline.core.config import load_config
 from pipeline.tools.bench.command import run_bench
 from pipeline.tools.bench.references import box_normalised, mean_shape_baseline, place_in_boxes
+from pipeline.tools.bench.report import format_table
 
 TRAIN_KEYS = {"images_per_s_real", "images_per_s_synthetic", "ratio_real_synthetic", "train_flops_per_image",
               "compute_efficiency_synthetic", "compute_efficiency_real"}
@@ -98,8 +99,14 @@ def test_bench_without_data_skips_accuracy(tmp_path, monkeypatch):
     monkeypatch.setattr(bench, "resolve_data_dir", lambda data: None)
     cfg = load_config(None, ["train.batch_size=2"])
     res = run_bench(cfg, ["resunet-tiny"], steps=1, batch_size=2, input_size=32, data=None, checkpoints=[],
-                    device_name="cpu", infer_batch=2, rounds=1, min_time=0.0, matmul_n=64)
+                    device_name="cpu", infer_batch=2, rounds=1, min_time=0.0, matmul_n=64,
+                    batch1_presets=["resunet-fast"])
     assert "skipped" in res["accuracy"] and "skipped" in res["detectors"]
+    # a further architecture timed one face at a time, untrained, from crops of its input size
+    fast = res["batch1_presets"]["resunet-fast"]
+    assert fast["input_size"] == fast["crop_size"] == 32
+    assert _positive(fast["torch"]["plain"]) and _positive(fast["torch"]["flip"])
+    assert "resunet-fast (untrained)" in format_table(res)
     assert _positive(res["train"]["resunet-tiny"]["images_per_s_real"])
     assert _positive(res["batch1"]["torch"]["flip"]) and res["batch1_model"] == "resunet-tiny (untrained)"
 

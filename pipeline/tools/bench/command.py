@@ -63,7 +63,7 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
               data: str | None, checkpoints: Sequence[str], device_name: str, cache: str | None = None,
               infer_batch: int = 64, rounds: int = 2, min_time: float = 1.0, matmul_n: int = 2048,
               use_dlib: bool = True, accuracy: bool = True, detectors: bool = True,
-              video: bool = True) -> dict[str, Any]:
+              video: bool = True, batch1_presets: Sequence[str] = ()) -> dict[str, Any]:
     device = resolve_device(device_name)
     mcfg = cfg["model"]
     res: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -132,6 +132,19 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
     if video:
         log.info("video: %s ...", res["batch1_model"])
         res["video"] = bench_video(model, meta, cfg)
+    # more architectures at batch 1, untrained (speed does not depend on the weights), each
+    # from a crop of its input size (no resize, as the recipes cache them) beside dlib again
+    res["batch1_presets"] = {}
+    for preset in batch1_presets:
+        torch.manual_seed(0)
+        size = size_for(preset)
+        model = create_model(preset, schema.k, in_chans=mcfg["in_chans"], input_size=size, **options_for(preset))
+        meta = {"model_config": model.config, "schema": schema.to_dict(),
+                "crop": {"size": size, "expand": cfg["crop"]["expand"], "label_origin": cfg["data"]["label_origin"]}}
+        log.info("batch 1, one core: %s (untrained, %d px) ...", preset, size)
+        res["batch1_presets"][preset] = bench_batch1(
+            model, meta, size, max(min_time, 0.01) * 3, use_dlib=use_dlib, expand=checkpoint_crop(meta)[1],
+            faces=sample_test_crops(resolve_data_dir(data) if accuracy else None, cfg, meta))
 
     data_dir = resolve_data_dir(data) if (accuracy or detectors) else None
     if accuracy and data_dir is not None and (data_dir / cfg["data"]["solution"]).exists():
@@ -173,14 +186,18 @@ def _csv(text: str | None) -> list[str]:
 @click.option("--no-dlib", is_flag=True, help="skip dlib even when installed")
 @click.option("--no-detectors", is_flag=True, help="skip the face detector table")
 @click.option("--no-video", is_flag=True, help="skip the video section")
+@click.option("--batch1-presets", default=None,
+              help="comma-separated presets also timed one face at a time, untrained, from crops of their input size")
 @click.option("--out", "out_path", default="bench.json", show_default=True)
 @config_options
 def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache, data, no_accuracy, checkpoints,
-              more_checkpoints, device, threads, min_time, matmul_n, no_dlib, no_detectors, no_video, out_path, cfg):
+              more_checkpoints, device, threads, min_time, matmul_n, no_dlib, no_detectors, no_video, batch1_presets,
+              out_path, cfg):
     """Training and inference speed, compute efficiency and accuracy in one run."""
     check_output(out_path)
     names = _csv(presets) or [cfg["model"]["preset"]]
-    unknown = [n for n in names if n not in list_presets()]
+    more = _csv(batch1_presets)
+    unknown = [n for n in [*names, *more] if n not in list_presets()]
     if unknown:
         raise PipelineError(None, f"unknown preset(s) {unknown} (known: {', '.join(list_presets())})")
     if input_size is not None and input_size % 32:
@@ -189,7 +206,7 @@ def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache
         torch.set_num_threads(threads)
     res = run_bench(cfg, names, steps, batch_size, input_size, data, [*checkpoints, *more_checkpoints], device,
                     cache, infer_batch, rounds, min_time, matmul_n, not no_dlib, not no_accuracy, not no_detectors,
-                    not no_video)
+                    not no_video, more)
     write_json(out_path, res)
     click.echo(format_table(res))
     click.echo(f"\nwrote {out_path}")

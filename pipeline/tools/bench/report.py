@@ -45,19 +45,20 @@ def format_table(res: dict[str, Any]) -> str:
             fps1 = r.get("faces_per_s_1thread", float("nan"))
             label = name if len(name) <= 40 else "..." + name[-37:]
             lines.append(f"{label:<40} {r['mae']:>8.3f} {100 * r['nme']:>7.2f} {fps:>9.1f} {fps1:>13.1f}")
-    lines += [""] + format_batch1(res)
+    lines += [""] + format_batch1(res.get("batch1"), res.get("batch1_model"))
+    for preset, b1 in res.get("batch1_presets", {}).items():
+        lines += [""] + format_batch1(b1, f"{preset} (untrained)")
     if res.get("video"):
         lines += [""] + format_video(res["video"])
     lines += [""] + format_detectors(res.get("detectors", {"skipped": "not run"}))
     return "\n".join(lines)
 
 
-def format_batch1(res: dict[str, Any]) -> list[str]:
-    b1 = res.get("batch1")
+def format_batch1(b1: dict[str, Any] | None, model: str | None) -> list[str]:
     if not b1:
         return []
     ref = b1.get("dlib", {}).get("plain")
-    lines = [f"one face at a time, one core (batch 1, 1 thread; {res.get('batch1_model')}; {b1['faces']} crops of "
+    lines = [f"one face at a time, one core (batch 1, 1 thread; {model}; {b1['faces']} crops of "
              f"{b1['crop_size']} px -> input {b1['input_size']} px; best of {b1['rounds']} alternating rounds): "
              "faces/s" + (", x dlib" if ref else ""),
              f"{'backend':<40} {'plain':>9} {'flip TTA':>9}" + (f" {'plain/dlib':>10} {'flip/dlib':>10}" if ref else "")]
