@@ -273,7 +273,6 @@ def measure_smoothing(models: Sequence[tuple], vcfg: dict, workdir: str | os.Pat
     results = {}
     for kind in ("still", "moving"):
         mp4, truth_csv = make_test_video(Path(workdir) / f"{kind}.mp4", n_frames, moving=kind == "moving")
-
         truth = read_video_csv(truth_csv)
         res = track_video(mp4, models, vcfg, tta=tta, device=device, progress=False, detect=detect,
                           out_mp4=Path(workdir) / f"{kind}_keypoints.mp4")
