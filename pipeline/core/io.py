@@ -87,6 +87,17 @@ def _shown(text: str) -> str:
     return text.replace("\0", "\\0")  # a NUL byte would end the error line early on a terminal
 
 
+def input_file(path: str | os.PathLike, missing: str, expected: str) -> Path:
+    """`path` as a Path when it names an existing file, else the one line every reader gives:
+    `missing` (e.g. "checkpoint not found") or "is a directory, expected <expected>"."""
+    path = Path(path)
+    if not path.exists():
+        raise PipelineError(path, missing)
+    if path.is_dir():
+        raise PipelineError(path, f"is a directory, expected {expected}")
+    return path
+
+
 def check_output(path: str | os.PathLike, folder: bool = False) -> Path:
     """Fail before any work when the output `path` (a file; a folder with folder=True)
     cannot be written: a name holding a NUL byte or too long, a path that exists as the

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from pipeline.core.config import DEFAULTS, params_source
 from pipeline.core.errors import PipelineError
+from pipeline.core.io import input_file
 from pipeline.keypoints.geometry import check_box, crop_one, crop_transform
 from pipeline.keypoints.schema import KeypointSchema
 
@@ -95,11 +96,7 @@ def _select(points: np.ndarray, schema: KeypointSchema, source, where: str) -> n
 def load_xml(path: str | os.PathLike, schema: KeypointSchema, require_parts: bool | None = None) -> list[Face]:
     """Faces of an imglab XML. require_parts: True = every box must have parts, False =
     parts are ignored (test file), None = all boxes have parts or none do."""
-    path = Path(path)
-    if not path.exists():
-        raise PipelineError(path, "annotation file not found")
-    if path.is_dir():
-        raise PipelineError(path, "is a directory, expected an imglab XML file")
+    path = input_file(path, "annotation file not found", "an imglab XML file")
     try:
         root = ET.parse(path).getroot()
     except ET.ParseError as e:

@@ -8,13 +8,12 @@ import pickle
 import re
 import warnings
 import zipfile
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import torch_save
+from pipeline.core.io import input_file, torch_save
 from pipeline.models import build_model
 
 REQUIRED = ("model_config", "model", "schema", "epoch")
@@ -40,11 +39,7 @@ def _load_failure(e: BaseException) -> str:
 def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = "cpu",
                     schema=None) -> dict[str, Any]:
     """Load and check a checkpoint; `schema` (a KeypointSchema) must match if given."""
-    path = Path(path)
-    if not path.exists():
-        raise PipelineError(path, "checkpoint not found")
-    if path.is_dir():
-        raise PipelineError(path, "is a directory, expected a checkpoint file")
+    path = input_file(path, "checkpoint not found", "a checkpoint file")
     try:
         with warnings.catch_warnings():  # a foreign pickle's protocol warning would be a 2nd stderr line
             warnings.filterwarnings("ignore", message="Detected pickle protocol", category=UserWarning)

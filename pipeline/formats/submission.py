@@ -21,7 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import write_text
+from pipeline.core.io import input_file, write_text
 
 HEADER = ("Id", "Predicted")
 
@@ -107,11 +107,7 @@ def read_submission(path: str | os.PathLike, n_rows: int | None = None,
     header, rows with the wrong number of fields, non-numeric Ids or values, NaN/inf,
     duplicate or missing Ids (Ids must be exactly 0..R-1), and R != n_rows when given.
     `value_names`/`extra_columns` relax the header for solution files."""
-    path = Path(path)
-    if not path.exists():
-        raise PipelineError(path, "file not found")
-    if path.is_dir():
-        raise PipelineError(path, "is a directory, expected a CSV file")
+    path = input_file(path, "file not found", "a CSV file")
     try:
         text = path.read_bytes().decode("utf-8-sig")
     except UnicodeDecodeError:
