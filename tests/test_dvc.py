@@ -163,6 +163,31 @@ def test_unchanged_outputs_let_dvc_skip_what_follows(dvc_project):
     assert "up to date" in run("status")
 
 
+def test_speed_only_params_are_not_stage_params():
+    """A param that only changes speed (config.SPEED_ONLY) must not re-run a stage: no
+    dvc.yaml stage lists it, nor a whole section holding it."""
+    from pipeline.core.config import SPEED_ONLY
+
+    sections = {k.split(".")[0] for k in SPEED_ONLY}
+    for name, st in _stages().items():
+        for p in st.get("params", []):
+            assert p not in SPEED_ONLY and p not in sections, f"dvc.yaml stage {name} lists {p}"
+
+
+def test_a_speed_only_change_reruns_nothing(dvc_project):
+    root, run = dvc_project
+    run("repro")
+    params_file = root / "params.yaml"
+    before = params_file.read_text()
+    params = yaml.safe_load(before)
+    params["crop"]["n_jobs"] = params["crop"]["n_jobs"] + 1
+    params_file.write_text(yaml.safe_dump(params, sort_keys=False))
+    try:
+        assert "up to date" in run("status")
+    finally:
+        params_file.write_text(before)
+
+
 def test_every_param_change_reruns_its_stage(dvc_project):
     root, run = dvc_project
     for stage, key, value, outs in CHANGES:
@@ -177,7 +202,7 @@ def test_every_param_change_reruns_its_stage(dvc_project):
         for o in outs:
             assert (root / o).exists() and _digest(root / o) != before[o], f"{key}={value}: {o} did not change"
     lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
-    assert lock["crop"]["params"]["params.yaml"]["crop"]["side"] == 24
+    assert lock["crop"]["params"]["params.yaml"]["crop.side"] == 24  # params listed key by key
 
 
 def test_control_dvc_run_cache_ignores_a_param_named_size(tmp_path):

@@ -159,6 +159,11 @@ def _number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = Fals
     return ok, f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
 
 
+# params that change how fast a stage runs, never a byte of what it writes: left out of the
+# params.resolved.yaml files, of the resume key and of dvc.yaml's params, so that changing
+# one re-runs nothing (tests/test_dvc.py checks dvc.yaml)
+SPEED_ONLY = {"crop.n_jobs"}
+
 RANGES: dict[str, tuple[Any, str]] = {
     "demo.n_train": _int_at_least(1), "demo.n_test": _int_at_least(1), "demo.seed": _int_at_least(0),
     "crop.expand": _number_in(0, 10, lo_open=True), "crop.side": ((lambda v: 8 <= v <= 4096), "an integer in [8, 4096]"),
@@ -367,7 +372,8 @@ def write_resolved(cfg: dict, out_dir: str | os.PathLike, sections: Iterable[str
                    name: str = "params.resolved.yaml") -> Path:
     """Write the sections a stage used beside its outputs, so a result names its config."""
     out = Path(out_dir) / name
-    write_text(out, yaml.safe_dump({s: cfg[s] for s in sections}, sort_keys=False))
+    used = {s: {k: v for k, v in cfg[s].items() if f"{s}.{k}" not in SPEED_ONLY} for s in sections}
+    write_text(out, yaml.safe_dump(used, sort_keys=False))
     return out
 
 
