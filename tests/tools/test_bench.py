@@ -142,23 +142,23 @@ def test_bench_variants_are_rows_of_one_table(tmp_path, monkeypatch):
     # each --variant is one more training row, named by its overrides, trained with them;
     # on the CPU both matmul peaks are kept and the higher one is the reference
     import pipeline.tools.bench.command as bench
-    import pipeline.tools.bench.training as training
+    from pipeline.tools.bench import training
     from pipeline.core.errors import PipelineError
     from pipeline.tools.bench.report import format_table
 
     seen = []
-    real_bench_train = training.bench_train
+    real_bench = training.bench_train_variants
 
-    def spy(cfg, *args, **kwargs):
-        seen.append((cfg["train"]["channels_last"], cfg["train"]["lr"]))
-        return real_bench_train(cfg, *args, **kwargs)
+    def spy(cfgs, *args, **kwargs):
+        seen.extend((cfg["train"]["channels_last"], cfg["train"]["lr"]) for cfg in cfgs)
+        return real_bench(cfgs, *args, **kwargs)
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(bench, "resolve_data_dir", lambda data: None)
-    monkeypatch.setattr(bench, "bench_train", spy)
+    monkeypatch.setattr(bench, "bench_train_variants", spy)
     cfg = load_config(None, ["train.batch_size=2", "train.lr=0.01"])
-    kw = dict(steps=1, batch_size=2, input_size=32, data=None, checkpoints=[], device_name="cpu", infer_batch=2,
-              rounds=1, min_time=0.0, matmul_n=64, accuracy=False, detectors=False)
+    kw = {"steps": 1, "batch_size": 2, "input_size": 32, "data": None, "checkpoints": [], "device_name": "cpu",
+          "infer_batch": 2, "rounds": 1, "min_time": 0.0, "matmul_n": 64, "accuracy": False, "detectors": False}
     res = run_bench(cfg, ["resunet-tiny"], variants=[["train.channels_last=off", "train.lr=0.02"]], **kw)
     name = "resunet-tiny train.channels_last=off train.lr=0.02"
     assert list(res["train"]) == ["resunet-tiny", name]

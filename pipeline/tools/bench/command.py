@@ -23,7 +23,7 @@ from pipeline.tools.bench.detectors import bench_detectors
 from pipeline.tools.bench.inference import bench_infer
 from pipeline.tools.bench.report import format_table
 from pipeline.tools.bench.timing import conv1x1_peak, matmul_peak
-from pipeline.tools.bench.training import bench_train, demo_cache
+from pipeline.tools.bench.training import bench_train_variants, demo_cache
 from pipeline.tools.bench.video import bench_video
 
 log = logging.getLogger(__name__)
@@ -66,7 +66,8 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
               video: bool = True, batch1_presets: Sequence[str] = (),
               variants: Sequence[Sequence[str]] = ()) -> dict[str, Any]:
     """Every section; the training one once per preset as the params say and once more per
-    variant (a list of key=value overrides), each a row named '<preset> <overrides>'."""
+    variant (a list of key=value overrides), each a row named '<preset> <overrides>', the
+    variants of a preset timed in interleaved rounds."""
     device = resolve_device(device_name)
     mcfg = cfg["model"]
     res: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -103,12 +104,12 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
                 if not cache_dir.exists():
                     log.info("no --cache: building a demo cache at %d px", size)
                     demo_cache(cache_dir.parent, size)
-            for variant in [(), *variants]:
-                name = " ".join([preset, *variant])
-                log.info("train %s at %d px ...", name, size)
-                tr = bench_train(with_overrides(cfg, variant), preset, cache_dir, steps,
-                                 batch_size or cfg["train"]["batch_size"], size, device, rounds=rounds,
-                                 options=options_for(preset))
+            names = [" ".join([preset, *variant]) for variant in [(), *variants]]
+            log.info("train %s at %d px ...", ", ".join(names), size)
+            rows = bench_train_variants([with_overrides(cfg, v) for v in [(), *variants]], preset, cache_dir, steps,
+                                        batch_size or cfg["train"]["batch_size"], size, device, rounds=rounds,
+                                        options=options_for(preset))
+            for name, tr in zip(names, rows):
                 res["train"][name] = _efficiency(tr, peak)
 
     schema = get_schema(cfg["data"])
