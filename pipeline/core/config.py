@@ -87,7 +87,7 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "randaug_n": 2,  # RandAugment number of ops (0 disables)
         "randaug_m": 7,  # RandAugment magnitude (0..30)
         "amp": "auto",  # auto (CUDA only) | off | bf16 | fp16
-        "channels_last": "auto",  # auto (CUDA only) | on | off
+        "channels_last": "auto",  # NHWC activations: auto (= on: faster on CUDA and with oneDNN on the CPU) | on | off
         # BatchNorm over the global batch under DDP (SyncBatchNorm, CUDA only): auto = when
         # the per-rank batch is below 16 (device.SYNC_BN_BELOW) | on | off
         "sync_bn": "auto",
