@@ -30,10 +30,10 @@ SETS = ["crop.side=32", "model.input_size=32", "train.batch_size=8", f"train.epo
         "train.warmup_epochs=1", "folds.k=2", "folds.train=[0,1]", "train.randaug_n=1", "train.device=cpu"]
 
 
-def _cmd(ws: Path, out: Path, live: Path, *extra: str) -> list[str]:
+def _cmd(ws: Path, out: Path, live: Path, *extra: str, sets: list[str] = SETS) -> list[str]:
     cmd = [sys.executable, "-m", "pipeline", "train", "--fold", "0", "--cache", str(ws / "cache"),
            "--folds", str(ws / "folds.csv"), "--out", str(out), "--live", str(live), *extra]
-    for s in SETS:
+    for s in sets:
         cmd += ["--set", s]
     return cmd
 
@@ -70,9 +70,11 @@ def _check_whole(folder: Path) -> list[Path]:
     return temps
 
 
-def test_kill_mid_epoch_then_resume(tiny_workspace, tmp_path):
+@pytest.mark.parametrize("ema", [0.0, 0.9], ids=["raw", "ema"])
+def test_kill_mid_epoch_then_resume(tiny_workspace, tmp_path, ema):
     """The trainer kills itself (SIGKILL, PIPELINE_KILL_AT_STEP) after the first batch of
-    epoch 2: deterministic, on a quiet or a busy machine alike."""
+    epoch 2: deterministic, on a quiet or a busy machine alike. With the weights' moving
+    average on, it resumes from last.pt too."""
     import math
 
     import pandas as pd
@@ -80,13 +82,14 @@ def test_kill_mid_epoch_then_resume(tiny_workspace, tmp_path):
     from pipeline.core.faults import KILL_AT_STEP
 
     ws = tiny_workspace
+    sets = SETS + [f"train.ema_decay={ema}"]
     out, live = tmp_path / "models", tmp_path / "live"
     fold = out / "fold0"
     last = fold / "last.pt"
     folds = pd.read_csv(ws / "folds.csv")
     steps_per_epoch = math.ceil((folds["fold"] != 0).sum() / 8)  # train.batch_size=8
     assert steps_per_epoch >= 2  # so that step steps_per_epoch + 1 is mid-epoch
-    r = subprocess.run(_cmd(ws, out, live, "--no-resume"), cwd=tmp_path,
+    r = subprocess.run(_cmd(ws, out, live, "--no-resume", sets=sets), cwd=tmp_path,
                        env={**_env(), KILL_AT_STEP: str(steps_per_epoch + 1)},
                        capture_output=True, text=True, timeout=300)
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
@@ -103,7 +106,7 @@ def test_kill_mid_epoch_then_resume(tiny_workspace, tmp_path):
     stale.write_bytes(last.read_bytes()[:1000])
     (fold / ".metrics.json.k1lled01.tmp").write_text('{"fold": ')
 
-    r = subprocess.run(_cmd(ws, out, live, "--resume"), cwd=tmp_path, env=_env(), capture_output=True,
+    r = subprocess.run(_cmd(ws, out, live, "--resume", sets=sets), cwd=tmp_path, env=_env(), capture_output=True,
                        text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert f"fold 0: resuming from {last} at epoch {done}" in r.stderr, r.stderr[-3000:]
@@ -127,14 +130,20 @@ def test_kill_mid_epoch_then_resume(tiny_workspace, tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        fit(load_config(None, SETS), 0, ws / "cache", ws / "folds.csv", tmp_path / "ref", resume=False)
+        fit(load_config(None, sets), 0, ws / "cache", ws / "folds.csv", tmp_path / "ref", resume=False)
     finally:
         torch.set_num_threads(threads)
     want = load_checkpoint(tmp_path / "ref" / "fold0" / "last.pt")
     assert final["scheduler_step"] == want["scheduler_step"]
     for k, v in want["model"].items():
         assert torch.equal(final["model"][k], v), k
-    assert final["history"][-1]["val_mae"] == want["history"][-1]["val_mae"]
+    for key in ("val_mae", "val_mae_ema", "weights") if ema > 0 else ("val_mae",):  # not the timings
+        assert [h[key] for h in final["history"]] == [h[key] for h in want["history"]], key
+    assert ("ema" in final) == (ema > 0)
+    if ema > 0:
+        assert final["ema"]["updates"] == want["ema"]["updates"] == final["scheduler_step"]
+        for k, v in want["ema"]["model"].items():
+            assert torch.equal(final["ema"]["model"][k], v), k
 
 
 def test_stale_temps_of_other_names_are_kept(tmp_path):

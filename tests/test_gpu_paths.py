@@ -16,7 +16,7 @@ import torch.nn.functional as F
 import pipeline.inference.tta as inference
 import pipeline.training.losses as losses
 from pipeline.core.config import load_config
-from pipeline.core.device import _arch_runs_on, amp_dtype, resolve_device, use_sync_bn
+from pipeline.core.device import _arch_runs_on, amp_dtype, resolve_device, use_channels_last, use_compile, use_sync_bn
 from pipeline.core.errors import PipelineError
 from pipeline.formats.cache import load_cache
 from pipeline.formats.checkpoint import load_checkpoint
@@ -85,6 +85,12 @@ def test_arch_list_parsing():
 def test_cuda_requested_without_cuda_says_which_build(monkeypatch):
     with pytest.raises(PipelineError, match=r"CUDA is not available \(torch .* is built for CUDA"):
         resolve_device("cuda")
+
+
+def test_channels_last_and_compile_rules():
+    cpu = torch.device("cpu")
+    assert use_channels_last("auto", cpu) and use_channels_last("auto", CUDA) and not use_channels_last("off", cpu)
+    assert not use_compile("auto") and use_compile("on") and not use_compile("off")
 
 
 def test_sync_bn_rule():

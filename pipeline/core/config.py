@@ -87,10 +87,16 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "randaug_n": 2,  # RandAugment number of ops (0 disables)
         "randaug_m": 7,  # RandAugment magnitude (0..30)
         "amp": "auto",  # auto (CUDA only) | off | bf16 | fp16
-        "channels_last": "auto",  # auto (CUDA only) | on | off
+        "channels_last": "auto",  # NHWC activations: auto (= on: faster on CUDA and with oneDNN on the CPU) | on | off
         # BatchNorm over the global batch under DDP (SyncBatchNorm, CUDA only): auto = when
         # the per-rank batch is below 16 (device.SYNC_BN_BELOW) | on | off
         "sync_bn": "auto",
+        # torch.compile (inductor) of the training network: auto = off (on the 2-core CPU it
+        # costs 25-60 s per fold and gains ~2%, docs/benchmarks.md) | on | off
+        "compile": "auto",
+        # EMA of the weights (and BN buffers), evaluated each epoch beside the raw weights;
+        # best.pt keeps whichever scores better. Decay per optimizer step; 0 = off
+        "ema_decay": 0.0,
         "device": "auto",  # auto | cpu | cuda | cuda:N
         "num_workers": 0,  # loader worker processes (0 = main process)
         "seed": 0,
@@ -186,6 +192,8 @@ RANGES: dict[str, tuple[Any, str]] = {
     "demo.layout": ((lambda v: v in ("flat", "300w")), "flat or 300w"),
     "train.amp": ((lambda v: v in ("auto", "on", "off", "bf16", "fp16")), "auto, on, off, bf16 or fp16"),
     "train.channels_last": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
+    "train.compile": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
+    "train.ema_decay": _number_in(0, 1, hi_open=True),
     "train.sync_bn": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
     "predict.amp": ((lambda v: v in ("auto", "on", "off", "bf16", "fp16")), "auto, on, off, bf16 or fp16"),
     "folds.group_regex": ((lambda v: _regex_with_photo(v)), "a regex with a named group (?P<photo>...)"),
@@ -337,6 +345,14 @@ def params_source(*keys: str) -> str:
             if key == set_key or key.startswith(set_key + "."):
                 return f"--set {text}"
     return _SOURCE["file"]
+
+
+def with_overrides(cfg: dict, overrides: Iterable[str]) -> dict:
+    """A copy of a resolved config with `key=value` overrides merged in, checked as --set's."""
+    cfg = copy.deepcopy(cfg)
+    for text in overrides:
+        _merge(cfg, parse_override(text), f"--set {text}")
+    return cfg
 
 
 def load_config(params: str | os.PathLike | None = "params.yaml",

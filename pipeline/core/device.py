@@ -96,9 +96,20 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 
 
 def use_channels_last(setting: str, device: torch.device) -> bool:
+    """NHWC activations: `auto` on CUDA and on the CPU, where oneDNN's convolutions and
+    their backward run faster on channels_last tensors (docs/benchmarks.md)."""
     if setting not in ("auto", "on", "off"):
         raise PipelineError(params_source("train.channels_last"), f"channels_last must be auto|on|off, got '{setting}'")
-    return setting == "on" or (setting == "auto" and device.type == "cuda")
+    return setting in ("on", "auto")
+
+
+def use_compile(setting: str) -> bool:
+    """torch.compile the training network: `auto` is off everywhere. On the 2-core CPU
+    inductor compiles for 25-60 s per fold and the step gains ~2% (docs/benchmarks.md), so
+    it does not pay back within a fold; it has not been measured on CUDA."""
+    if setting not in ("auto", "on", "off"):
+        raise PipelineError(params_source("train.compile"), f"compile must be auto|on|off, got '{setting}'")
+    return setting == "on"
 
 
 # Per-rank batches below this make BatchNorm statistics noisy enough to matter (8 GPUs x

@@ -80,29 +80,43 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str
         ev = evaluate(setup.model, cache, val_idx, meta, 64, setup.device, tcfg["amp"])
         row = {"epoch": epoch + 1, "train_loss": tr["loss"], "val_mae": ev["mae"], "val_nme": ev["nme"],
                "data_wait_frac": tr["data_wait_frac"], "images_per_s": tr["images_per_s"], "lr": tr["lr"]}
-        history.append(row)
-        log.info("fold %d epoch %d: loss %.4f  val MAE %.3f px  NME %.2f%%  %.1f img/s  data wait %.1f%%",
-                 fold, epoch + 1, tr["loss"], ev["mae"], 100 * ev["nme"], tr["images_per_s"],
+        weights = {"raw": setup.model}
+        ema_note = ""
+        if setup.ema is not None:
+            ev_ema = evaluate(setup.ema.module, cache, val_idx, meta, 64, setup.device, tcfg["amp"])
+            row.update(val_mae_ema=ev_ema["mae"], val_nme_ema=ev_ema["nme"])
+            weights["ema"] = setup.ema.module
+            ema_note = f"  EMA MAE {ev_ema['mae']:.3f} px  NME {100 * ev_ema['nme']:.2f}%"
+        # the epoch's better weights (the raw ones on a tie) compete for best.pt
+        pick = "ema" if "ema" in weights and _better(row["val_mae_ema"], row["val_mae"]) else "raw"
+        score = row["val_mae_ema"] if pick == "ema" else row["val_mae"]
+        history.append({**row, "weights": pick, "score_mae": score})
+        log.info("fold %d epoch %d: loss %.4f  val MAE %.3f px  NME %.2f%%%s  %.1f img/s  data wait %.1f%%",
+                 fold, epoch + 1, tr["loss"], ev["mae"], 100 * ev["nme"], ema_note, tr["images_per_s"],
                  100 * tr["data_wait_frac"])
-        improved = ev["mae"] < best_mae or not math.isfinite(best_mae)
-        best_mae = min(best_mae, ev["mae"]) if math.isfinite(ev["mae"]) else best_mae
+        improved = _better(score, best_mae) or not math.isfinite(best_mae)
+        best_mae = min(best_mae, score) if math.isfinite(score) else best_mae
         ckpt = {**meta, "model": setup.model.state_dict(), "optimizer": setup.optimizer.state_dict(),
                 "scaler": setup.scaler.state_dict() if setup.scaler is not None else {},
                 "scheduler_step": setup.state.step, "epoch": epoch + 1, "best_mae": best_mae,
                 "history": [_without_timing(r) for r in history]}
+        if setup.ema is not None:
+            ckpt["ema"] = setup.ema.state_dict()
         if is_main:
-            if improved:
-                save_checkpoint(out / "best.pt", ckpt)
+            if improved:  # the chosen weights as the checkpoint's model: predict needs nothing else
+                save_checkpoint(out / "best.pt", {**ckpt, "model": weights[pick].state_dict(), "weights": pick})
             save_checkpoint(last_path, ckpt)
         if world > 1:
             torch.distributed.barrier()
         if live is not None:
-            _log_live(live, row)
+            _log_live(live, history[-1])
     if not history:
         raise PipelineError(last_path, "no epochs trained (train.epochs is 0?)")
-    best = min(history, key=lambda r: r["val_mae"] if math.isfinite(r["val_mae"]) else float("inf"))
-    metrics = {"fold": fold, "epochs": history[-1]["epoch"], "val_mae": best["val_mae"], "val_nme": best["val_nme"],
-               "best_epoch": best["epoch"], "last_val_mae": history[-1]["val_mae"]}
+    best = min(history, key=lambda r: r["score_mae"] if math.isfinite(r["score_mae"]) else float("inf"))
+    sfx = "_ema" if best["weights"] == "ema" else ""
+    metrics = {"fold": fold, "epochs": history[-1]["epoch"], "val_mae": best["val_mae" + sfx],
+               "val_nme": best["val_nme" + sfx], "best_epoch": best["epoch"], "best_weights": best["weights"],
+               "last_val_mae": history[-1]["val_mae"]}
     if is_main:
         write_json(out / "metrics.json", metrics)
     metrics.update({k: history[-1][k] for k in TIMING if k in history[-1]})  # the last epoch trained here
@@ -111,6 +125,11 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str
     if world > 1:
         torch.distributed.destroy_process_group()
     return metrics
+
+
+def _better(mae: float, than: float) -> bool:
+    """`mae` is finite and below `than`."""
+    return math.isfinite(mae) and mae < than
 
 
 def _open_live(live_dir, history: list[dict]):
@@ -129,7 +148,7 @@ def _open_live(live_dir, history: list[dict]):
 
 def _log_live(live, row: dict) -> None:
     for name, value in _without_timing(row).items():
-        if name != "epoch":
+        if name != "epoch" and not isinstance(value, str):  # not which weights won the epoch
             live.log_metric(name, value)  # no timestamp column: the same run logs the same bytes
     live.next_step()
 

@@ -34,7 +34,7 @@ class NonFiniteLoss(PipelineError):
 
 def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState, device, amp,
                     grad_clip: float = 0.0, desc: str = "train", progress: bool = True,
-                    read_every: int | None = None) -> dict[str, float]:
+                    read_every: int | None = None, ema=None) -> dict[str, float]:
     """One pass over `loader` (a DeviceLoader, or anything iterable with len() and
     `wait_s`). `progress` False hides the bar (DDP ranks other than 0).
 
@@ -43,7 +43,8 @@ def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState,
     read per step would stall the CUDA queue every step) and every step elsewhere, where a
     read costs nothing, so no step runs after a non-finite loss. A non-finite loss stops
     training at the next read, naming the step where it appeared; the caller has not yet
-    checkpointed this epoch, so the last good checkpoint is kept."""
+    checkpointed this epoch, so the last good checkpoint is kept. `ema` (a ModelEma) is
+    updated after every optimizer step."""
     if read_every is None:
         read_every = 10 if torch.device(device).type == "cuda" else 1
 
@@ -84,6 +85,8 @@ def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState,
                 scaler.update()
             else:
                 optimizer.step()
+            if ema is not None:
+                ema.update()
             state.step += 1
             maybe_kill(state.step)  # tests only: PIPELINE_KILL_AT_STEP (pipeline/core/faults.py)
         running.read()
@@ -146,4 +149,5 @@ def evaluate(model, cache, val_idx: np.ndarray, ckpt_like: dict, batch_size: int
 def train_steps(setup, loader, desc: str = "train", progress: bool = True) -> dict[str, float]:
     """`train_one_epoch` of a `TrainSetup`'s network over `loader`."""
     return train_one_epoch(setup.net, loader, setup.loss_fn, setup.optimizer, setup.scaler, setup.state,
-                           setup.device, setup.amp, setup.cfg["train"]["grad_clip"], desc=desc, progress=progress)
+                           setup.device, setup.amp, setup.cfg["train"]["grad_clip"], desc=desc, progress=progress,
+                           ema=setup.ema)

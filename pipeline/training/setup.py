@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from pipeline.core.config import SPEED_ONLY, params_source
-from pipeline.core.device import amp_dtype, use_channels_last, use_sync_bn
+from pipeline.core.device import amp_dtype, use_channels_last, use_compile, use_sync_bn
 from pipeline.core.errors import PipelineError
 from pipeline.formats.cache import load_cache
 from pipeline.formats.checkpoint import load_checkpoint
@@ -23,6 +23,7 @@ from pipeline.formats.folds import read_folds
 from pipeline.keypoints.geometry import crop_to_input
 from pipeline.models import create_model
 from pipeline.training.augment import TrainAugment
+from pipeline.training.ema import ModelEma
 from pipeline.training.loader import DeviceLoader, EpochSampler, FaceDataset, make_loader
 from pipeline.training.loop import StepState
 from pipeline.training.losses import loss_from_params
@@ -39,7 +40,7 @@ def _config_key(cfg: dict) -> dict:
     """The part of the config that must match for a checkpoint to be resumed. device,
     workers and AMP choices change speed, not the result's meaning."""
     key = {s: {k: v for k, v in cfg[s].items() if f"{s}.{k}" not in SPEED_ONLY} for s in TRAIN_SECTIONS}
-    for k in ("device", "num_workers"):
+    for k in ("device", "num_workers", "compile"):
         key["train"].pop(k, None)
     return key
 
@@ -55,7 +56,7 @@ class TrainSetup:
     amp: torch.dtype | None  # autocast dtype, None = fp32
     channels_last: bool
     model: torch.nn.Module  # the weights that are saved
-    net: torch.nn.Module  # what trains: the model, or its DDP wrapper (same parameters)
+    net: torch.nn.Module  # what trains: the model, or its DDP / compiled wrapper (same parameters)
     optimizer: torch.optim.Optimizer
     scaler: Any  # torch.amp.GradScaler for fp16 autocast, else None
     loss_fn: torch.nn.Module
@@ -66,6 +67,7 @@ class TrainSetup:
     mean_shape: np.ndarray  # (K, 2) mean training shape, input px
     rank: int = 0
     world: int = 1
+    ema: ModelEma | None = None  # the weights' moving average (train.ema_decay > 0)
 
 
 def build_training(cfg: dict, cache, train_idx: np.ndarray, device: torch.device, rank: int = 0,
@@ -102,6 +104,12 @@ def build_training(cfg: dict, cache, train_idx: np.ndarray, device: torch.device
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
+    if use_compile(tcfg["compile"]):
+        # compiled on the first step (and again for an epoch's smaller last batch); the
+        # parameters stay the model's, so checkpoints and evaluation use the plain module
+        net = torch.compile(net)
+    # the average starts from the seeded initial weights (before any step)
+    ema = ModelEma(model, tcfg["ema_decay"]) if tcfg["ema_decay"] > 0 else None
     optimizer = build_optimizer(model, tcfg)
     # fp16 only (bf16 has fp32's range); on the run's device (a "cuda" scaler on a CPU run
     # disables itself and fp16 gradients would underflow unscaled)
@@ -123,7 +131,7 @@ def build_training(cfg: dict, cache, train_idx: np.ndarray, device: torch.device
     dataset = FaceDataset(cache.faces, cache.keypoints, train_idx, augment, mcfg["in_chans"])
     sampler = EpochSampler(len(dataset), tcfg["seed"], rank=rank, world=world)
     return TrainSetup(cfg, device, amp, channels_last, model, net, optimizer, scaler, loss_fn, dataset, sampler,
-                      state, rank_batch, mean_shape, rank, world)
+                      state, rank_batch, mean_shape, rank, world, ema)
 
 
 def make_epoch_loader(setup: TrainSetup, epoch: int):
@@ -182,6 +190,8 @@ def resume_training(setup: TrainSetup, out: Path, schema, fold: int) -> tuple[in
         g["fused"] = f
     if setup.scaler is not None and ck.get("scaler"):
         setup.scaler.load_state_dict(ck["scaler"])
+    if setup.ema is not None:
+        setup.ema.load_state_dict(ck["ema"])
     setup.state.step = ck["scheduler_step"]
     best_mae, history = ck["best_mae"], list(ck.get("history", []))
     if not (out / "best.pt").exists():

@@ -145,3 +145,29 @@ def test_heatmap_regulariser_is_skipped_for_a_regression_model(tiny_workspace, c
     metrics = fit(cfg, 0, ws / "cache", ws / "folds.csv", ws / "hm_fc", resume=False)
     assert math.isfinite(metrics["val_mae"])
     assert "heatmap_lambda ignored" in caplog.text
+
+
+def test_ema_is_evaluated_and_best_pt_holds_the_better_weights(tiny_workspace):
+    ws = tiny_workspace
+    m = fit(load_config(None, TINY + ["train.ema_decay=0.5"]), 0, ws / "cache", ws / "folds.csv", ws / "e",
+            resume=False)
+    last = load_checkpoint(ws / "e" / "fold0" / "last.pt")
+    best = load_checkpoint(ws / "e" / "fold0" / "best.pt")
+    hist = last["history"]
+    assert all(math.isfinite(h["val_mae_ema"]) and h["weights"] in ("raw", "ema") for h in hist)
+    assert last["ema"]["updates"] == last["scheduler_step"]  # one update per optimizer step
+    # every epoch's score is the better of the two, and best.pt is the best score's weights
+    assert all(h["score_mae"] == min(h["val_mae"], h["val_mae_ema"]) for h in hist)
+    top = min(hist, key=lambda h: h["score_mae"])
+    assert m["best_epoch"] == best["epoch"] == top["epoch"] and m["best_weights"] == best["weights"] == top["weights"]
+    assert m["val_mae"] == top["score_mae"] == best["best_mae"]
+    if best["weights"] == "ema" and best["epoch"] == last["epoch"]:
+        want = last["ema"]["model"]
+    elif best["epoch"] == last["epoch"]:
+        want = last["model"]
+    else:
+        want = None
+    if want is not None:
+        assert all(torch.equal(best["model"][k], v) for k, v in want.items())
+    # the raw weights and the average differ: the EMA is not a copy
+    assert any(not torch.equal(last["model"][k], v) for k, v in last["ema"]["model"].items())

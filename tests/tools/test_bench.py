@@ -136,3 +136,38 @@ def test_bench_train_runs_a_regression_preset_with_the_default_regulariser(tiny_
     res = bench_train(cfg, "resnet50-fc", tiny_workspace / "cache", steps=1, batch_size=4, input_size=32,
                       device=torch.device("cpu"), rounds=1, warmup=0)
     assert res
+
+
+def test_bench_variants_are_rows_of_one_table(tmp_path, monkeypatch):
+    # each --variant is one more training row, named by its overrides, trained with them;
+    # on the CPU both matmul peaks are kept and the higher one is the reference
+    import pipeline.tools.bench.command as bench
+    from pipeline.tools.bench import training
+    from pipeline.core.errors import PipelineError
+    from pipeline.tools.bench.report import format_table
+
+    seen = []
+    real_bench = training.bench_train_variants
+
+    def spy(cfgs, *args, **kwargs):
+        seen.extend((cfg["train"]["channels_last"], cfg["train"]["lr"]) for cfg in cfgs)
+        return real_bench(cfgs, *args, **kwargs)
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, "resolve_data_dir", lambda data: None)
+    monkeypatch.setattr(bench, "bench_train_variants", spy)
+    cfg = load_config(None, ["train.batch_size=2", "train.lr=0.01"])
+    kw = {"steps": 1, "batch_size": 2, "input_size": 32, "data": None, "checkpoints": [], "device_name": "cpu",
+          "infer_batch": 2, "rounds": 1, "min_time": 0.0, "matmul_n": 64, "accuracy": False, "detectors": False}
+    res = run_bench(cfg, ["resunet-tiny"], variants=[["train.channels_last=off", "train.lr=0.02"]], **kw)
+    name = "resunet-tiny train.channels_last=off train.lr=0.02"
+    assert list(res["train"]) == ["resunet-tiny", name]
+    assert seen == [("auto", 0.01), ("off", 0.02)]
+    assert all(_positive(res["train"][n]["images_per_s_real"]) and res["train"][n]["warmup_s"] >= 0
+               for n in res["train"])
+    peak = res["matmul_peak_flops"]
+    assert _positive(peak["fp32_mkl"]) and _positive(peak["fp32_onednn"])
+    assert peak["fp32"] == max(peak["fp32_mkl"], peak["fp32_onednn"])
+    assert name in format_table(res)
+    with pytest.raises(PipelineError, match="train.nope"):
+        run_bench(cfg, ["resunet-tiny"], variants=[["train.nope=1"]], **kw)

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import click
 import torch
 
-from pipeline.core.config import config_options
+from pipeline.core.config import config_options, with_overrides
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, write_json
@@ -22,8 +22,8 @@ from pipeline.tools.bench.batch1 import bench_batch1, sample_test_crops
 from pipeline.tools.bench.detectors import bench_detectors
 from pipeline.tools.bench.inference import bench_infer
 from pipeline.tools.bench.report import format_table
-from pipeline.tools.bench.timing import matmul_peak
-from pipeline.tools.bench.training import bench_train, demo_cache
+from pipeline.tools.bench.timing import conv1x1_peak, matmul_peak
+from pipeline.tools.bench.training import bench_train_variants, demo_cache
 from pipeline.tools.bench.video import bench_video
 
 log = logging.getLogger(__name__)
@@ -63,7 +63,11 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
               data: str | None, checkpoints: Sequence[str], device_name: str, cache: str | None = None,
               infer_batch: int = 64, rounds: int = 2, min_time: float = 1.0, matmul_n: int = 2048,
               use_dlib: bool = True, accuracy: bool = True, detectors: bool = True,
-              video: bool = True, batch1_presets: Sequence[str] = ()) -> dict[str, Any]:
+              video: bool = True, batch1_presets: Sequence[str] = (),
+              variants: Sequence[Sequence[str]] = ()) -> dict[str, Any]:
+    """Every section; the training one once per preset as the params say and once more per
+    variant (a list of key=value overrides), each a row named '<preset> <overrides>', the
+    variants of a preset timed in interleaved rounds."""
     device = resolve_device(device_name)
     mcfg = cfg["model"]
     res: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -71,6 +75,12 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
     if device.type == "cuda":
         res["device_name"] = torch.cuda.get_device_name(device)
     peak = {"fp32": matmul_peak(device, torch.float32, matmul_n)}
+    if device.type == "cpu":
+        # oneDNN's GEMM (a 1x1 convolution): on CPUs where MKL's sgemm takes a slower code
+        # path (AMD) it is the convolutions' real ceiling, and compute efficiency uses it
+        peak["fp32_onednn"] = conv1x1_peak(matmul_n)
+        peak["fp32_mkl"] = peak["fp32"]
+        peak["fp32"] = max(peak["fp32_mkl"], peak["fp32_onednn"])
     if device.type == "cuda":
         peak["bf16"] = matmul_peak(device, torch.bfloat16, matmul_n)
     res["matmul_peak_flops"] = peak
@@ -94,15 +104,13 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
                 if not cache_dir.exists():
                     log.info("no --cache: building a demo cache at %d px", size)
                     demo_cache(cache_dir.parent, size)
-            log.info("train %s at %d px ...", preset, size)
-            tr = bench_train(cfg, preset, cache_dir, steps, batch_size or cfg["train"]["batch_size"], size, device,
-                             rounds=rounds, options=options_for(preset))
-            tr["compute_efficiency_synthetic"] = tr["train_flops_per_image"] * tr["images_per_s_synthetic"] / peak["fp32"]
-            tr["compute_efficiency_real"] = tr["train_flops_per_image"] * tr["images_per_s_real"] / peak["fp32"]
-            if "bf16" in peak:
-                tr["compute_efficiency_synthetic_bf16_peak"] = (tr["train_flops_per_image"] *
-                                                                tr["images_per_s_synthetic"] / peak["bf16"])
-            res["train"][preset] = tr
+            names = [" ".join([preset, *variant]) for variant in [(), *variants]]
+            log.info("train %s at %d px ...", ", ".join(names), size)
+            rows = bench_train_variants([with_overrides(cfg, v) for v in [(), *variants]], preset, cache_dir, steps,
+                                        batch_size or cfg["train"]["batch_size"], size, device, rounds=rounds,
+                                        options=options_for(preset))
+            for name, tr in zip(names, rows):
+                res["train"][name] = _efficiency(tr, peak)
 
     schema = get_schema(cfg["data"])
     res["infer"] = {}
@@ -161,6 +169,16 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
     return res
 
 
+def _efficiency(tr: dict, peak: dict) -> dict:
+    """Training FLOP/s as a fraction of the matmul peaks measured in the same run."""
+    tr["compute_efficiency_synthetic"] = tr["train_flops_per_image"] * tr["images_per_s_synthetic"] / peak["fp32"]
+    tr["compute_efficiency_real"] = tr["train_flops_per_image"] * tr["images_per_s_real"] / peak["fp32"]
+    if "bf16" in peak:
+        tr["compute_efficiency_synthetic_bf16_peak"] = (tr["train_flops_per_image"] *
+                                                        tr["images_per_s_synthetic"] / peak["bf16"])
+    return tr
+
+
 def _csv(text: str | None) -> list[str]:
     return [s.strip() for s in (text or "").split(",") if s.strip()]
 
@@ -178,6 +196,9 @@ def _csv(text: str | None) -> list[str]:
 @click.option("--no-accuracy", is_flag=True, help="skip the accuracy section")
 @click.option("--checkpoints", "checkpoints", multiple=True, help="checkpoint to score (repeatable)")
 @click.argument("more_checkpoints", nargs=-1)
+@click.option("--variant", "variants", multiple=True,
+              help="one more training row with these comma-separated KEY=VALUE params, e.g. "
+                   "--variant train.compile=on (repeatable; the rows share one table)")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", default=None, type=click.IntRange(min=1),
               help="torch threads for the whole run [torch default]; the 1-thread figures are measured anyway")
@@ -191,8 +212,8 @@ def _csv(text: str | None) -> list[str]:
 @click.option("--out", "out_path", default="bench.json", show_default=True)
 @config_options
 def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache, data, no_accuracy, checkpoints,
-              more_checkpoints, device, threads, min_time, matmul_n, no_dlib, no_detectors, no_video, batch1_presets,
-              out_path, cfg):
+              more_checkpoints, variants, device, threads, min_time, matmul_n, no_dlib, no_detectors, no_video,
+              batch1_presets, out_path, cfg):
     """Training and inference speed, compute efficiency and accuracy in one run."""
     check_output(out_path)
     names = _csv(presets) or [cfg["model"]["preset"]]
@@ -206,7 +227,7 @@ def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache
         torch.set_num_threads(threads)
     res = run_bench(cfg, names, steps, batch_size, input_size, data, [*checkpoints, *more_checkpoints], device,
                     cache, infer_batch, rounds, min_time, matmul_n, not no_dlib, not no_accuracy, not no_detectors,
-                    not no_video, more)
+                    not no_video, more, [_csv(v) for v in variants])
     write_json(out_path, res)
     click.echo(format_table(res))
     click.echo(f"\nwrote {out_path}")

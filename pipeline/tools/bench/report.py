@@ -12,14 +12,15 @@ def format_table(res: dict[str, Any]) -> str:
              f"torch {res['torch']}  threads {res['threads']}",
              "matmul peak: " + ", ".join(f"{k} {v / 1e9:8.1f} GFLOP/s" for k, v in res["matmul_peak_flops"].items())]
     lines.append("")
-    lines.append(f"{'training':<16} {'px':>4} {'batch':>5} {'real img/s':>11} {'synth img/s':>11} "
-                 f"{'real/synth':>10} {'wait':>6} {'GFLOP/img':>9} {'eff synth':>9} {'eff real':>9}")
+    w = max([16, *map(len, res["train"])])
+    lines.append(f"{'training':<{w}} {'px':>4} {'batch':>5} {'real img/s':>11} {'synth img/s':>11} "
+                 f"{'real/synth':>10} {'wait':>6} {'GFLOP/img':>9} {'eff synth':>9} {'eff real':>9} {'warm-up s':>9}")
     for preset, t in res["train"].items():
-        lines.append(f"{preset:<16} {t['input_size']:>4} {t['batch_size']:>5} {t['images_per_s_real']:>11.1f} "
+        lines.append(f"{preset:<{w}} {t['input_size']:>4} {t['batch_size']:>5} {t['images_per_s_real']:>11.1f} "
                      f"{t['images_per_s_synthetic']:>11.1f} {t['ratio_real_synthetic']:>10.3f} "
                      f"{100 * t['data_wait_frac_real']:>5.1f}% "
                      f"{t['train_flops_per_image'] / 1e9:>9.3f} {100 * t['compute_efficiency_synthetic']:>8.1f}% "
-                     f"{100 * t['compute_efficiency_real']:>8.1f}%")
+                     f"{100 * t['compute_efficiency_real']:>8.1f}% {t.get('warmup_s', float('nan')):>9.1f}")
     lines.append("")
     keys = [k for k in next(iter(res["infer"].values())) if k not in ("batch", "input_size")] if res["infer"] else []
     if keys:

@@ -1,5 +1,6 @@
 """Timing helpers shared by the bench sections: device sync, a temporary torch thread count,
-and the matmul peak that compute efficiency is measured against."""
+and the matmul peaks (MKL's and, on the CPU, oneDNN's) that compute efficiency is measured
+against."""
 
 from __future__ import annotations
 
@@ -54,5 +55,19 @@ def matmul_peak(device: torch.device, dtype: torch.dtype = torch.float32, n: int
         t0 = time.perf_counter()
         torch.matmul(a, b)
         sync(device)
+        best = min(best, time.perf_counter() - t0)
+    return 2.0 * n ** 3 / best
+
+
+def conv1x1_peak(n: int = 2048, reps: int = 5) -> float:
+    """Best FLOP/s of the same n x n x n product as a 1x1 convolution on the CPU (oneDNN's
+    GEMM, channels_last: (1, n, 1, n) input, n x n weight; 2 n^3 FLOPs)."""
+    x = torch.randn(1, n, 1, n).contiguous(memory_format=torch.channels_last)
+    w = torch.randn(n, n, 1, 1)
+    torch.nn.functional.conv2d(x, w)  # warm-up (primitive creation, thread pool)
+    best = math.inf
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        torch.nn.functional.conv2d(x, w)
         best = min(best, time.perf_counter() - t0)
     return 2.0 * n ** 3 / best

@@ -88,42 +88,73 @@ def bench_train(cfg: dict, preset: str, cache_dir: Path, steps: int, batch_size:
     """images/s of training steps through the real data path and on a synthetic batch, both
     on the setup `pipeline train` builds (`train.build_training`, `train.train_steps`) for
     this preset, input size and batch, on every face of the cache."""
+    return bench_train_variants([cfg], preset, cache_dir, steps, batch_size, input_size, device, rounds, warmup,
+                                options)[0]
+
+
+class _Variant:
+    """One config's training setup and its two feeds, timed round after round."""
+
+    def __init__(self, cfg: dict, cache, bs: int, input_size: int, device: torch.device):
+        self.cfg, self.device = cfg, device
+        self.setup = build_training(cfg, cache, np.arange(len(cache)), device)
+        # constant, low lr: the schedule does not change the cost of a step, and random
+        # synthetic targets must not make the loss diverge
+        self.setup.state = StepState(0, 10 ** 9, 0, cfg["train"]["lr"] * 0.1)
+        in_chans, k = cfg["model"]["in_chans"], cache.schema.k
+        g = torch.Generator().manual_seed(0)
+        images = torch.randint(0, 256, (bs, in_chans, input_size, input_size), dtype=torch.uint8, generator=g)
+        target = torch.rand(bs, k, 2, generator=g) * (input_size - 1)
+        synth = (normalize_batch(images.to(device), self.setup.channels_last), target.to(device), torch.arange(bs))
+        self.real_feed, self.synth_feed = _TrainEpochs(self.setup), _Repeat(synth)
+        self.first_s = 0.0  # seconds of the warm-up steps
+        self.real: list[tuple[float, float, float]] = []
+        self.synth: list[tuple[float, float, float]] = []
+
+    def run(self, feed, n: int) -> tuple[float, float, float]:
+        """(images/s, share of the time waiting for data, seconds) of n steps."""
+        take = _Steps(feed, n)
+        sync(self.device)
+        t0 = time.perf_counter()
+        train_steps(self.setup, take, progress=False)
+        sync(self.device)
+        elapsed = time.perf_counter() - t0
+        return take.images / elapsed, take.wait_s / elapsed, elapsed
+
+
+def bench_train_variants(cfgs: list[dict], preset: str, cache_dir: Path, steps: int, batch_size: int,
+                         input_size: int, device: torch.device, rounds: int = 2, warmup: int = 2,
+                         options: dict | None = None) -> list[dict[str, float]]:
+    """`bench_train` of several configs (e.g. train.channels_last on and off), timed in
+    interleaved rounds -- each round runs every config's real and synthetic steps in turn --
+    so their ratios see the same background load. One result per config."""
     cache = load_cache(Path(cache_dir) / "train")
     if cache.keypoints is None:
         raise PipelineError(Path(cache_dir) / "train", "bench needs a labelled training cache")
     bs = min(batch_size, len(cache))
-    cfg = {**cfg, "model": {**cfg["model"], "preset": preset, "input_size": input_size, "options": dict(options or {})},
-           "train": {**cfg["train"], "batch_size": bs}}
-    setup = build_training(cfg, cache, np.arange(len(cache)), device)
-    # constant, low lr: the schedule does not change the cost of a step, and random
-    # synthetic targets must not make the loss diverge
-    setup.state = StepState(0, 10 ** 9, 0, cfg["train"]["lr"] * 0.1)
-    in_chans, k = cfg["model"]["in_chans"], cache.schema.k
-    g = torch.Generator().manual_seed(0)
-    images = torch.randint(0, 256, (bs, in_chans, input_size, input_size), dtype=torch.uint8, generator=g)
-    target = torch.rand(bs, k, 2, generator=g) * (input_size - 1)
-    synth = (normalize_batch(images.to(device), setup.channels_last), target.to(device), torch.arange(bs))
-    real_feed, synth_feed = _TrainEpochs(setup), _Repeat(synth)
-
-    def run(feed, n):
-        take = _Steps(feed, n)
-        sync(device)
-        t0 = time.perf_counter()
-        train_steps(setup, take, progress=False)
-        sync(device)
-        elapsed = time.perf_counter() - t0
-        return take.images / elapsed, take.wait_s / elapsed
-
-    run(real_feed, warmup)
-    run(synth_feed, warmup)
-    real, syn = [], []
-    for _ in range(rounds):  # alternate, so both see the same background load
-        real.append(run(real_feed, steps))
-        syn.append(run(synth_feed, steps))
-    best_real, wait_frac = max(real)
-    best_syn = max(syn)[0]
-    flops = 3.0 * model_flops(setup.model, input_size, in_chans)
-    return {"images_per_s_real": best_real, "images_per_s_synthetic": best_syn,
-            "data_overhead": 1.0 - best_real / best_syn, "ratio_real_synthetic": best_real / best_syn,
-            "data_wait_frac_real": wait_frac, "train_flops_per_image": flops, "batch_size": bs,
-            "input_size": input_size, "steps": steps, "num_workers": cfg["train"]["num_workers"]}
+    variants = []
+    for cfg in cfgs:
+        cfg = {**cfg, "model": {**cfg["model"], "preset": preset, "input_size": input_size,
+                                "options": dict(options or {})}, "train": {**cfg["train"], "batch_size": bs}}
+        v = _Variant(cfg, cache, bs, input_size, device)
+        # the first steps carry the one-off costs (train.compile's compilation, oneDNN's
+        # primitive creation): warmup_s is their time beyond `warmup` steps at the best pace
+        v.first_s = v.run(v.synth_feed, warmup)[2]
+        v.run(v.real_feed, warmup)
+        variants.append(v)
+    for _ in range(rounds):
+        for v in variants:
+            v.real.append(v.run(v.real_feed, steps))
+            v.synth.append(v.run(v.synth_feed, steps))
+    out = []
+    for v in variants:
+        best_real, wait_frac, _ = max(v.real)
+        best_syn = max(v.synth)[0]
+        in_chans = v.cfg["model"]["in_chans"]
+        flops = 3.0 * model_flops(v.setup.model, input_size, in_chans)
+        out.append({"images_per_s_real": best_real, "images_per_s_synthetic": best_syn,
+                    "data_overhead": 1.0 - best_real / best_syn, "ratio_real_synthetic": best_real / best_syn,
+                    "data_wait_frac_real": wait_frac, "train_flops_per_image": flops, "batch_size": bs,
+                    "input_size": input_size, "steps": steps, "num_workers": v.cfg["train"]["num_workers"],
+                    "warmup_s": max(0.0, v.first_s - warmup * bs / best_syn)})
+    return out
