@@ -21,8 +21,8 @@ from pipeline.core.errors import PipelineError
 
 log = logging.getLogger(__name__)
 
-_UMASK = os.umask(0)
-os.umask(_UMASK)
+UMASK = os.umask(0)  # read once: os.umask can only be read by setting it
+os.umask(UMASK)
 
 
 @contextlib.contextmanager
@@ -39,7 +39,7 @@ def atomic_path(path: str | os.PathLike, suffix: str = "") -> Iterator[Path]:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix + ".tmp")
         os.close(fd)
-        os.chmod(tmp, 0o666 & ~_UMASK)  # mkstemp makes 0600; outputs get the usual mode
+        os.chmod(tmp, 0o666 & ~UMASK)  # mkstemp makes 0600; outputs get the usual mode
     except OSError as e:
         _remove_empty(made)
         raise write_error(path, e) from None
@@ -211,9 +211,7 @@ def staging_dir(dest: str | os.PathLike, marker: str,
         shutil.rmtree(p, ignore_errors=True)
     try:
         yield tmp
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o777 & ~umask)  # mkdtemp makes it private; the output is not
+        os.chmod(tmp, 0o777 & ~UMASK)  # mkdtemp makes it private; the output is not
         publish_dir(tmp, dest)
     except (OSError, WriteError) as e:
         shutil.rmtree(tmp, ignore_errors=True)

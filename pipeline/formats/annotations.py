@@ -168,9 +168,6 @@ def load_xml(path: str | os.PathLike, schema: KeypointSchema, require_parts: boo
     return faces
 
 
-_PTS_NUMBER = re.compile(r"^[-+0-9.eE]+$")
-
-
 def read_pts(path: Path) -> np.ndarray:
     """`.pts`: 'version: 1 / n_points: N / { x y ... }', or bare 'x y' lines."""
     try:

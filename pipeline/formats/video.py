@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import write_error
+from pipeline.core.io import UMASK, write_error
 
 log = logging.getLogger(__name__)
 
@@ -78,7 +78,7 @@ class AtomicVideoWriter:
             raise PipelineError(self.path, "no frames to write")
         self.vw.release()
         try:
-            os.chmod(self.tmp, 0o666 & ~_umask())
+            os.chmod(self.tmp, 0o666 & ~UMASK)
             os.replace(self.tmp, self.path)
         except OSError as e:
             self.discard()
@@ -97,12 +97,6 @@ class AtomicVideoWriter:
     def __exit__(self, exc_type, *_):
         if exc_type is not None:
             self.discard()
-
-
-def _umask() -> int:
-    m = os.umask(0)
-    os.umask(m)
-    return m
 
 
 def write_mp4(path: str | os.PathLike, frames: Sequence[np.ndarray], fps: float) -> Path:

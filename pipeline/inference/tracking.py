@@ -137,10 +137,10 @@ class FaceTracker:
         tracked = np.array([t.box for t in self.active]).reshape(-1, 4)
         pairs = match(tracked, boxes, self.match_iou)
         used = {di for _, di, _ in pairs}
-        for ti, di, _ in pairs:
+        for ti, di, overlap in pairs:  # match's overlap is the IoU of the track's box and the detection
             t = self.active[ti]
             t.missed = 0
-            if t.lost or iou(t.box[None], boxes[di][None])[0, 0] < REANCHOR_IOU:
+            if t.lost or overlap < REANCHOR_IOU:
                 t.box, t.detected, t.lost = boxes[di].copy(), True, False
         matched = {ti for ti, _, _ in pairs}
         keep = []

@@ -1,5 +1,5 @@
 """Inference on cached crops: a model (torch, or any callable of the same contract such
-as pipeline.inference.predictor's onnxruntime wrapper) -> keypoints in crop pixels, with flip TTA,
+as pipeline/inference/onnx_runtime.py's OnnxModel) -> keypoints in crop pixels, with flip TTA,
 then mapped to original-image pixels. Shared by predict, train's validation, export's
 check, bench and the image tools."""
 
@@ -9,6 +9,7 @@ from typing import Sequence
 
 import numpy as np
 import torch
+from tqdm import tqdm
 
 from pipeline.core.config import params_source
 from pipeline.core.device import amp_dtype, autocast
@@ -27,7 +28,7 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
                   channels_last: bool = False, progress: bool = False,
                   jitter: Sequence[View] = ()) -> dict[str, np.ndarray]:
     """Keypoints in crop pixels for uint8 faces (N, S, S, 3). `model` is a torch model or
-    any callable of the same contract (pipeline.inference.predictor: onnxruntime).
+    any callable of the same contract (pipeline/inference/onnx_runtime.py's OnnxModel).
 
     Returns {"plain": (N, K, 2)} and, when flip_perm is given, also {"flip": ..., "tta": ...}:
     the prediction on the mirrored face, un-mirrored (x -> W-1-x, left/right indices swapped
@@ -48,8 +49,6 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
         outs["jitter"] = []
     starts = range(0, len(faces), batch_size)
     if progress:
-        from tqdm import tqdm
-
         starts = tqdm(starts, desc="predict", unit="batch", leave=False)
     for s in starts:
         x = faces_to_chw(faces[s:s + batch_size], in_chans).to(device, non_blocking=True)  # (B, C, S, S) uint8

@@ -11,6 +11,8 @@ from typing import Sequence
 import cv2
 import numpy as np
 
+from pipeline.keypoints.geometry import box_corners
+
 # one colour per face part (RGB), in the order of schema.groups
 PART_COLORS = [(255, 200, 0), (0, 200, 255), (255, 90, 200), (80, 255, 80), (255, 80, 80), (160, 120, 255),
                (255, 255, 255), (255, 160, 60)]
@@ -110,3 +112,16 @@ def contact_sheet(tiles: Sequence[np.ndarray], cols: int | None = None, title: s
         y, x = y0 + GAP + r * (th + GAP), GAP + c * (tw + GAP)
         sheet[y:y + th, x:x + tw] = t
     return sheet
+
+
+def draw_faces(image: np.ndarray, faces, schema) -> np.ndarray:
+    """A copy of the image with each face's box, keypoints (coloured by part) and label:
+    faces = [(label, box [left, top, w, h], (K, 2) points)]; line widths follow the box size."""
+    out = image.copy()
+    colors = point_colors(schema)
+    for label, box, pts in faces:
+        side = max(box[2], box[3])
+        draw_box(out, box_corners(box), thickness=max(1, round(side / 150)))
+        draw_points(out, pts, colors, radius=max(1.2, side / 90))
+        put_label(out, str(label), (max(0, int(box[0])), max(0, int(box[1]) - 14)))
+    return out

@@ -13,15 +13,16 @@ import cv2
 import numpy as np
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.io import check_output
 from pipeline.formats.annotations import load_xml, read_image, safe_image_path
 from pipeline.formats.video import AtomicVideoWriter
 from pipeline.formats.video_csv import write_video_csv
 from pipeline.keypoints.schema import IBUG68
 from pipeline.synth.face import SPLITS, render_photo
 
+PATH_PERIOD_S = 4.0  # one lap of the test video's path
 # make-test-video's default face: test photo 8 of the demo set with seed 0 (one frontal face
 # that OpenCV's Haar cascade, the detector every install has, finds at IoU > 0.7)
-PATH_PERIOD_S = 4.0  # one lap of the test video's path
 TEST_PHOTO = 8
 
 
@@ -95,6 +96,7 @@ def make_test_video(out: str | os.PathLike, n_frames: int = 100, fps: float = 25
                     jpeg_quality: int = 75) -> tuple[Path, Path]:
     """Write OUT (mp4) and its exact truth OUT stem + `_truth.csv` (pipeline/formats/video_csv.py,
     face id 0). Returns both paths."""
+    check_output(out)
     if n_frames < 1:
         raise PipelineError("make-test-video", f"--frames must be >= 1, got {n_frames}")
     out = Path(out)

@@ -31,7 +31,8 @@ import click
 import numpy as np
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import write_json
+from pipeline.core.io import check_output, write_json
+from pipeline.core.paths import CACHE_DIR
 from pipeline.formats.cache import read_array, read_info, read_meta
 from pipeline.formats.predictions import (
     ID_KEYS,
@@ -78,15 +79,13 @@ def _load_folder(name: str, folder: Path, where: str) -> Source:
     return Source(name, where, oof[kind].astype(np.float64), oof["plain"].astype(np.float64),
                   oof["fold"].reshape(-1).astype(np.int64), test.get("ensemble_raw", test["ensemble"]).astype(np.float64),
                   test["ensemble"].astype(np.float64), test["per_fold"].astype(np.float64),
-                  test["folds"].reshape(-1), {k: v for k, v in ids.items() if v is not None})
+                  test["folds"].reshape(-1), ids)
 
 
 def _fetch_revision(rev: str, dest: Path, repo: str, subdir: str) -> None:
     """predictions/{test,oof}.npz of a DVC experiment or git revision -> dest/."""
-    try:
-        import dvc.api
-    except ImportError:
-        raise PipelineError(rev, "not a folder (and dvc is not installed to read it as an experiment)") from None
+    import dvc.api  # here: its import costs about a second, and folders of predictions need none
+
     for name in ("test.npz", "oof.npz"):
         try:
             with dvc.api.open(f"{subdir}/{name}", repo=repo, rev=rev, mode="rb") as f:
@@ -275,6 +274,7 @@ def _group_table(weights: np.ndarray, groups: dict[str, np.ndarray], names: Sequ
 def run_blend(exps: Sequence[str], cache: str | os.PathLike, out_dir: str | os.PathLike, *,
               per_group: bool = False, calibrate: str = "auto", repo: str = ".",
               solution: str | os.PathLike | None = None) -> dict[str, Any]:
+    check_output(out_dir, folder=True)
     if len(exps) < 2:
         raise PipelineError(None, f"blend needs at least 2 inputs, got {len(exps)}")
     if len(exps) > MAX_INPUTS:
@@ -349,7 +349,7 @@ def run_blend(exps: Sequence[str], cache: str | os.PathLike, out_dir: str | os.P
 
 @click.command("blend")
 @click.argument("exps", nargs=-1, required=True)
-@click.option("--cache", default="data/cache", show_default=True,
+@click.option("--cache", default=CACHE_DIR, show_default=True,
               help="face cache of the inputs' faces (train truth, face ids, schema)")
 @click.option("--out", "out_dir", default="blend", show_default=True,
               help="writes predictions/{test,oof}.npz, submission.csv and blend.json here")

@@ -1,8 +1,8 @@
 """`pipeline predict-image`: keypoints for any photo, no box given. Faces are found with
 the best installed face detector (pipeline/detection/detectors.py: MTCNN, dlib HOG, or OpenCV's Haar
-cascade, pipeline/haar.py), each detector box is converted to the box convention the
+cascade, pipeline/detection/haar.py), each detector box is converted to the box convention the
 models were trained with, and then the normal crop -> model -> map-back path runs
-(inference.predict_many: each checkpoint's stamped crop geometry, `predict_original`), with
+(inference/tta.py `predict_many`: each checkpoint's stamped crop geometry, `predict_original`), with
 the faces of several photos in one batch. Inputs may be files, folders or glob patterns."""
 
 from __future__ import annotations
@@ -27,23 +27,15 @@ from pipeline.formats.annotations import read_image
 from pipeline.formats.images import write_png
 from pipeline.inference.predictor import load_models
 from pipeline.inference.tta import predict_many
-from pipeline.keypoints.draw import draw_box, draw_points, point_colors, put_label
-from pipeline.keypoints.geometry import box_corners
+from pipeline.keypoints.draw import draw_faces
 from pipeline.keypoints.schema import schema_from_dict
 
 log = logging.getLogger(__name__)
 
 
 def annotate(image: np.ndarray, boxes: np.ndarray, points: np.ndarray, schema) -> np.ndarray:
-    """The photo with each face's box and keypoints (coloured by part)."""
-    out = image.copy()
-    colors = point_colors(schema)
-    for j, (box, pts) in enumerate(zip(boxes, points)):
-        side = max(box[2], box[3])
-        draw_box(out, box_corners(box), thickness=max(1, round(side / 150)))
-        draw_points(out, pts, colors, radius=max(1.2, side / 90))
-        put_label(out, str(j), (max(0, int(box[0])), max(0, int(box[1]) - 14)))
-    return out
+    """The photo with each face's box and keypoints (coloured by part), labelled 0, 1, ..."""
+    return draw_faces(image, [(j, box, pts) for j, (box, pts) in enumerate(zip(boxes, points))], schema)
 
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".pgm", ".ppm", ".pbm", ".jp2"}

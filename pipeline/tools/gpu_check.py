@@ -14,7 +14,7 @@ Checks, in order (figures in <out>/gpu-check.json, and logged):
   loss; then the same batch in eval with and without autocast: max |AMP - fp32| of the
   coordinates in px.
 * throughput_channels_last / throughput_nchw: `pipeline bench`'s training steps
-  (`bench.bench_train`) with channels_last on and off: img/s over the last steps through
+  (tools/bench/training.py `bench_train`) with channels_last on and off: img/s over the last steps through
   the real data path (cache -> augmentation -> DataLoader workers -> DeviceLoader) and on a
   synthetic batch already on the device, and the peak GPU memory.
 * resume_<amp>: a 2-epoch fold-0 training of the demo data, killed mid-epoch 2 by

@@ -16,10 +16,12 @@ from typing import Any, Sequence
 import click
 import cv2
 import numpy as np
+from tqdm import tqdm
 
 from pipeline.core.config import config_options
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
+from pipeline.core.io import check_output
 from pipeline.detection.detectors import get_detector
 from pipeline.formats.images import write_png
 from pipeline.formats.video import AtomicVideoWriter, frames_of, open_video
@@ -27,46 +29,27 @@ from pipeline.formats.video_csv import read_video_csv, write_video_csv
 from pipeline.inference.predictor import load_models
 from pipeline.inference.tracking import FaceTracker, box_constants
 from pipeline.inference.tta import predict_boxes
-from pipeline.keypoints.draw import contact_sheet, draw_box, draw_points, point_colors, put_label
-from pipeline.keypoints.geometry import box_corners
+from pipeline.keypoints.draw import contact_sheet, draw_faces, put_label
 from pipeline.keypoints.schema import schema_from_dict
 from pipeline.keypoints.smoothing import OneEuroFilter
 from pipeline.synth.moving_face import TEST_PHOTO, make_test_video
+from pipeline.tools.viz import face_tile
 
 log = logging.getLogger(__name__)
-
-
-
-# ------------------------------------------------------------------------------ reading and writing
-
-
-# ------------------------------------------------------------------------------ the test video
 
 
 # ------------------------------------------------------------------------------ tracking a video
 
 def draw_frame(frame: np.ndarray, tracks: list[tuple[int, np.ndarray, np.ndarray]], schema) -> np.ndarray:
     """The frame with each face's box, keypoints (coloured by part) and id."""
-    out = frame.copy()
-    colors = point_colors(schema)
-    for face_id, box, pts in tracks:
-        side = max(box[2], box[3])
-        draw_box(out, box_corners(box), thickness=max(1, round(side / 150)))
-        draw_points(out, pts, colors, radius=max(1.2, side / 90))
-        put_label(out, str(face_id), (max(0, int(box[0])), max(0, int(box[1]) - 14)))
-    return out
+    return draw_faces(frame, tracks, schema)
 
 
 def _face_tile(image: np.ndarray, box: np.ndarray | None, side: int = 144) -> np.ndarray:
     """A side x side tile: the square around the box (1.6x its longer side), else the frame."""
-    if box is not None:
-        half = 0.8 * max(box[2], box[3])
-        cx, cy = box[0] + box[2] / 2, box[1] + box[3] / 2
-        x0, y0 = int(max(0, cx - half)), int(max(0, cy - half))
-        x1, y1 = int(min(image.shape[1], cx + half)), int(min(image.shape[0], cy + half))
-        if x1 - x0 > 4 and y1 - y0 > 4:
-            image = image[y0:y1, x0:x1]
-    return cv2.resize(image, (side, side), interpolation=cv2.INTER_AREA)
+    if box is None:
+        return cv2.resize(image, (side, side), interpolation=cv2.INTER_AREA)
+    return face_tile(image, box, side, expand=1.6)[0]
 
 
 def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, tta: str = "flip", device=None,
@@ -101,8 +84,6 @@ def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, 
     try:
         frames = frames_of(cap)
         if progress:
-            from tqdm import tqdm
-
             frames = tqdm(frames, total=declared or None, desc="predict-video", unit="frame")
         for i, frame in enumerate(frames):
             t = i / fps
@@ -167,6 +148,8 @@ def run_predict_video(cfg: dict, src: str, checkpoints: Sequence[str], out: str 
     for p in (out_path, csv_path, strip):
         if p is not None and Path(p).resolve() == src_path.resolve():
             raise PipelineError(p, "would overwrite the input video")
+        if p is not None:
+            check_output(p)
     get_detector(vcfg["detector"])  # a missing detector fails before the models load
     device = resolve_device(device_name)
     models = load_models(checkpoints, device, backend)
@@ -270,20 +253,17 @@ def measure_smoothing(models: Sequence[tuple], vcfg: dict, workdir: str | os.Pat
     """Jitter and NME, raw vs smoothed (the params' One Euro), on a still and a moving test
     video made in `workdir`, and frames/s end to end on the moving one (annotated mp4 written)."""
     out: dict[str, Any] = {"frames": n_frames}
-    results = {}
     for kind in ("still", "moving"):
         mp4, truth_csv = make_test_video(Path(workdir) / f"{kind}.mp4", n_frames, moving=kind == "moving")
         truth = read_video_csv(truth_csv)
         res = track_video(mp4, models, vcfg, tta=tta, device=device, progress=False, detect=detect,
                           out_mp4=Path(workdir) / f"{kind}_keypoints.mp4")
-        results[kind] = (res, truth)
         out[kind] = {"raw": score_video(_as_pred(res, res["raw"]), truth),
                      "smoothed": score_video(_as_pred(res, res["smoothed"]), truth),
                      "tracks": len(res["tracks"]), "detections": res["detections"],
                      "frames_per_s": res["frames"] / max(res["seconds"], 1e-9)}
     out["frames_per_s"] = out["moving"]["frames_per_s"]
     out["one_euro"] = {k: vcfg[k] for k in ("min_cutoff", "beta", "d_cutoff")}
-    out["_results"] = results
     return out
 
 

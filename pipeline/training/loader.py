@@ -11,6 +11,7 @@ import threading
 import time
 from typing import Iterator
 
+import cv2
 import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset, Sampler
@@ -79,8 +80,6 @@ def seed_worker(worker_id: int) -> None:
     np.random.seed(torch.initial_seed() % 2**32)
     # one thread per worker for OpenCV's warpAffine too (DataLoader does this for torch
     # only): N workers each starting a pool of one thread per core oversubscribe the CPUs
-    import cv2
-
     cv2.setNumThreads(0)
 
 

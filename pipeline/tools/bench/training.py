@@ -86,7 +86,7 @@ def demo_cache(workdir: Path, size: int, n_train: int = 320, n_test: int = 16) -
 def bench_train(cfg: dict, preset: str, cache_dir: Path, steps: int, batch_size: int, input_size: int,
                 device: torch.device, rounds: int = 2, warmup: int = 2, options: dict | None = None) -> dict[str, float]:
     """images/s of training steps through the real data path and on a synthetic batch, both
-    on the setup `pipeline train` builds (`train.build_training`, `train.train_steps`) for
+    on the setup `pipeline train` builds (training/setup.py `build_training`, training/loop.py `train_steps`) for
     this preset, input size and batch, on every face of the cache."""
     return bench_train_variants([cfg], preset, cache_dir, steps, batch_size, input_size, device, rounds, warmup,
                                 options)[0]

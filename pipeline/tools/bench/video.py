@@ -25,7 +25,6 @@ def bench_video(model, meta: dict, cfg: dict, n_frames: int = 60) -> dict[str, A
     with tempfile.TemporaryDirectory(prefix="bench-video-") as d:
         res = measure_smoothing([(prepare_torch(model), meta)], cfg["video"], d, n_frames,
                                 tta=cfg["predict"]["tta"], device=torch.device("cpu"))
-    res.pop("_results")
     res["detector"] = det.description
     return res
 
