@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Sequence
 
 import click
+import dvc.api
 import numpy as np
 
 from pipeline.core.errors import PipelineError
@@ -84,8 +85,6 @@ def _load_folder(name: str, folder: Path, where: str) -> Source:
 
 def _fetch_revision(rev: str, dest: Path, repo: str, subdir: str) -> None:
     """predictions/{test,oof}.npz of a DVC experiment or git revision -> dest/."""
-    import dvc.api  # here: its import costs about a second, and folders of predictions need none
-
     for name in ("test.npz", "oof.npz"):
         try:
             with dvc.api.open(f"{subdir}/{name}", repo=repo, rev=rev, mode="rb") as f:
