@@ -19,7 +19,7 @@ import click
 import yaml
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import write_text
+from pipeline.core.io import input_file, write_text
 
 # Each leaf's default also fixes its type: an int default accepts ints, a float default
 # accepts ints and floats, a bool default only booleans. Leaves whose default is None
@@ -364,9 +364,8 @@ def load_config(params: str | os.PathLike | None = "params.yaml",
     cfg = copy.deepcopy(DEFAULTS)
     if params is not None:
         path = Path(params)
-        if path.exists():
-            if path.is_dir():
-                raise PipelineError(path, "is a directory, expected a params YAML file")
+        if path.exists() or str(params) != "params.yaml":  # only the default may be missing
+            input_file(path, "params file not found", "a params YAML file")
             try:
                 loaded = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
             except yaml.YAMLError as e:
@@ -377,8 +376,6 @@ def load_config(params: str | os.PathLike | None = "params.yaml",
                 raise PipelineError(path, "not a text file") from None
             if loaded is not None:
                 _merge(cfg, loaded, str(path))
-        elif str(params) != "params.yaml":
-            raise PipelineError(path, "params file not found")
     for text in overrides:
         _merge(cfg, parse_override(text), f"--set {text}")
     return cfg

@@ -245,11 +245,7 @@ def declared_size(data: np.ndarray) -> tuple[int, int] | None:
 def read_image(path: str | os.PathLike) -> np.ndarray:
     """(H, W, 3) uint8 RGB. Grayscale is replicated, alpha dropped, 16-bit scaled to 8-bit;
     EXIF orientation is ignored, as the competition's coordinates are in stored pixels."""
-    path = Path(path)
-    if not path.exists():
-        raise PipelineError(path, "image file not found")
-    if path.is_dir():
-        raise PipelineError(path, "is a directory, not an image")
+    path = input_file(path, "image file not found", "an image file")
     if path.stat().st_size == 0:
         raise PipelineError(path, "image file is empty (0 bytes)")
     data = np.fromfile(path, dtype=np.uint8)

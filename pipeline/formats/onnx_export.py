@@ -26,6 +26,7 @@ from typing import Any
 import torch
 
 from pipeline.core.errors import PipelineError
+from pipeline.core.io import input_file
 from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_label_origin
 from pipeline.keypoints.preprocess import MEAN, STD
 
@@ -122,12 +123,9 @@ def read_export(onnx_path: str | os.PathLike, schema=None) -> dict[str, Any]:
     """The one reader of an exported model's JSON: checked, and that it belongs to this
     ONNX file (sha256). Returns it as the ckpt-like dict predict uses (model_config,
     schema, crop, epoch, ...). `schema` (a KeypointSchema) must match if given."""
-    onnx_path = Path(onnx_path)
-    if not onnx_path.is_file():
-        raise PipelineError(onnx_path, "exported model not found")
-    jp = json_path(onnx_path)
-    if not jp.is_file():
-        raise PipelineError(jp, f"missing: the JSON written beside {onnx_path.name} by `pipeline export`")
+    onnx_path = input_file(onnx_path, "exported model not found", "an exported ONNX file")
+    jp = input_file(json_path(onnx_path), f"missing: the JSON written beside {onnx_path.name} by `pipeline export`",
+                    "the export JSON file")
     try:
         meta = json.loads(jp.read_text())
     except (UnicodeDecodeError, json.JSONDecodeError) as e:

@@ -15,7 +15,7 @@ import cv2
 import numpy as np
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import UMASK, write_error
+from pipeline.core.io import UMASK, input_file, write_error
 
 log = logging.getLogger(__name__)
 
@@ -24,11 +24,7 @@ FALLBACK_FPS = 25.0  # for files that declare no frame rate
 
 def open_video(path: str | os.PathLike) -> tuple[cv2.VideoCapture, float, int]:
     """(capture, frames per second, declared frame count (0 when unknown)) of a readable video."""
-    path = Path(path)
-    if not path.exists():
-        raise PipelineError(path, "video file not found")
-    if path.is_dir():
-        raise PipelineError(path, "is a directory, not a video")
+    path = input_file(path, "video file not found", "a video file")
     cap = cv2.VideoCapture(str(path))
     if not cap.isOpened():
         cap.release()

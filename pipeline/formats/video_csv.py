@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import write_bytes
+from pipeline.core.io import input_file, write_bytes
 
 FIXED = ("frame", "time", "face")
 
@@ -40,9 +40,7 @@ def write_video_csv(path: str | os.PathLike, frames: np.ndarray, times: np.ndarr
 
 def read_video_csv(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """{"frame": (N,), "time": (N,), "face": (N,), "points": (N, K, 2)}."""
-    path = Path(path)
-    if not path.is_file():
-        raise PipelineError(path, "keypoint CSV not found")
+    path = input_file(path, "keypoint CSV not found", "a keypoint CSV file")
     try:
         with open(path, newline="") as f:
             rows = list(csv.reader(f))

@@ -65,6 +65,16 @@ def test_missing_explicit_params_file_is_an_error(tmp_path):
         load_config(tmp_path / "nope.yaml")
 
 
+def test_params_path_that_is_a_folder_is_an_error_but_a_missing_default_means_defaults(tmp_path, monkeypatch):
+    with pytest.raises(PipelineError, match="is a directory, expected a params YAML file"):
+        load_config(tmp_path)
+    monkeypatch.chdir(tmp_path)
+    assert load_config("params.yaml") == DEFAULTS
+    (tmp_path / "params.yaml").mkdir()
+    with pytest.raises(PipelineError, match="is a directory, expected a params YAML file"):
+        load_config("params.yaml")
+
+
 def test_parse_override_nested_and_malformed():
     assert parse_override("a.b.c=3") == {"a": {"b": {"c": 3}}}
     with pytest.raises(PipelineError):

@@ -242,7 +242,7 @@ def test_read_image_errors(tmp_path):
     (tmp_path / "empty.png").write_bytes(b"")
     (tmp_path / "junk.png").write_bytes(b"\x89PNG\r\n\x1a\n" + b"\x00" * 50)
     (tmp_path / "d.jpg").mkdir()
-    for name, msg in (("empty.png", "0 bytes"), ("junk.png", "cannot decode"), ("d.jpg", "directory"),
+    for name, msg in (("empty.png", "0 bytes"), ("junk.png", "cannot decode"), ("d.jpg", "is a directory, expected an image file"),
                       ("missing.jpg", "not found")):
         with pytest.raises(PipelineError, match=msg) as e:
             read_image(tmp_path / name)

@@ -4,6 +4,7 @@
 import numpy as np
 import pytest
 
+from pipeline.core.errors import PipelineError
 from pipeline.detection.haar import cascade_available
 from pipeline.formats.video_csv import read_video_csv, write_video_csv
 
@@ -20,3 +21,11 @@ def test_video_csv_round_trip_and_columns(tmp_path):
     back = read_video_csv(tmp_path / "a.csv")
     np.testing.assert_allclose(back["points"], pts, atol=5e-4)
     assert back["face"].tolist() == [0, 1, 0] and back["frame"].tolist() == [0, 0, 1]
+
+
+def test_read_video_csv_missing_or_folder_is_a_one_line_error(tmp_path):
+    for path, problem in ((tmp_path / "none.csv", "keypoint CSV not found"),
+                          (tmp_path, "is a directory, expected a keypoint CSV file")):
+        with pytest.raises(PipelineError) as e:
+            read_video_csv(path)
+        assert str(e.value) == f"{path}: {problem}"

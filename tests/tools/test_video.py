@@ -8,7 +8,9 @@ import pytest
 import torch
 
 from pipeline.core.config import load_config
+from pipeline.core.errors import PipelineError
 from pipeline.detection.haar import cascade_available
+from pipeline.formats.video import open_video
 from pipeline.formats.video_csv import read_video_csv
 from pipeline.inference.predictor import load_models
 from pipeline.inference.tta import predict_boxes, predict_many
@@ -89,6 +91,14 @@ def test_predict_video_smooth_off_writes_raw_points(tiny_model, videos, tmp_path
     vcfg = load_config(None, HAAR[1::2])["video"]
     res = track_video(src, load_models([tiny_model], torch.device("cpu")), vcfg, progress=False)
     np.testing.assert_allclose(read_video_csv(tmp_path / "off.csv")["points"], res["raw"], atol=5e-4)
+
+
+def test_open_video_missing_or_folder_is_one_line(tmp_path):
+    for path, problem in ((tmp_path / "none.mp4", "video file not found"),
+                          (tmp_path, "is a directory, expected a video file")):
+        with pytest.raises(PipelineError) as e:
+            open_video(path)
+        assert str(e.value) == f"{path}: {problem}"
 
 
 def test_predict_video_bad_input_exits_2_without_output(tiny_model, tmp_path, capsys):
