@@ -420,6 +420,53 @@ def submit_xml_malicious_checkpoint(demo_dir, tmp):
                 [str(ckpt)], r"not a loadable checkpoint", out.parent)
 
 
+def _submit_xml_case(tmp, xml: Path, ckpt: Path, bad: Path, problem: str) -> Case:
+    out = tmp / "subs" / "s.csv"
+    return Case(["submit", "--xml", str(xml), "--checkpoints", str(ckpt), "--out", str(out)],
+                [str(bad)], problem, out.parent)
+
+
+def submit_xml_missing(tmp):
+    ckpt = tmp / "c.pt"
+    ckpt.write_bytes(b"x")
+    return _submit_xml_case(tmp, tmp / "none.xml", ckpt, tmp / "none.xml", r"test XML not found$")
+
+
+def submit_xml_is_a_directory(tmp):
+    (tmp / "x.xml").mkdir()
+    ckpt = tmp / "c.pt"
+    ckpt.write_bytes(b"x")
+    return _submit_xml_case(tmp, tmp / "x.xml", ckpt, tmp / "x.xml",
+                            r"is a directory, expected a test XML file$")
+
+
+def submit_checkpoint_missing(demo_dir, tmp):
+    return _submit_xml_case(tmp, demo_dir / TEST_XML, tmp / "none.pt", tmp / "none.pt",
+                            r"checkpoint not found$")
+
+
+def submit_checkpoint_is_a_directory(demo_dir, tmp):
+    (tmp / "c.pt").mkdir()
+    return _submit_xml_case(tmp, demo_dir / TEST_XML, tmp / "c.pt", tmp / "c.pt",
+                            r"is a directory, expected a checkpoint file$")
+
+
+def score_solution_is_a_directory(demo_dir, tmp):
+    (tmp / "sol.csv").mkdir()
+    out = tmp / "scores"
+    return Case(["score", str(demo_dir / "solution.csv"), "--solution", str(tmp / "sol.csv"),
+                 "--json", str(out / "score.json")], [str(tmp / "sol.csv")],
+                r"is a directory, expected a CSV file$", out)
+
+
+def blend_solution_is_a_directory(tmp):
+    """Checked before the inputs are read and blended."""
+    (tmp / "sol.csv").mkdir()
+    out = tmp / "blend"
+    return Case(["blend", str(tmp / "a"), str(tmp / "b"), "--solution", str(tmp / "sol.csv"), "--out", str(out)],
+                [str(tmp / "sol.csv")], r"is a directory, expected a CSV file$", out)
+
+
 # hostile inputs, one builder per class (boxes, numeric params, duplicated keys,
 # errors naming the file read, stage inputs that do not belong together, lying images) ---
 
@@ -720,7 +767,8 @@ CASES = {f.__name__: f for f in (
     checkpoint_other_schema, checkpoint_random_bytes, checkpoint_text_file, checkpoint_empty,
     checkpoint_truncated, checkpoint_not_ours, checkpoint_garbage_fields, checkpoint_wrong_weights, checkpoint_malicious_pickle, checkpoint_malicious_pickle_protocol2,
     checkpoint_malicious_torch_zip,
-    submit_xml_malicious_checkpoint,
+    submit_xml_malicious_checkpoint, submit_xml_missing, submit_xml_is_a_directory, submit_checkpoint_missing,
+    submit_checkpoint_is_a_directory, score_solution_is_a_directory, blend_solution_is_a_directory,
     box_far_outside_image, box_absurdly_large, image_declares_huge_size, image_declares_zero_width,
     params_nan_expand, params_zero_expand, params_duplicated_key, params_problem_found_late_names_that_file,
     set_nonpositive_train_numbers, set_negative_epochs, set_infinite_lr,
@@ -814,7 +862,7 @@ def test_malicious_payload_is_live(tmp_path):
 
 @pytest.mark.parametrize("name", ["xml_truncated", "image_corrupt_jpeg_parallel", "params_unknown_key",
                                   "submission_nan", "checkpoint_malicious_pickle", "box_absurdly_large",
-                                  "submit_out_dir_is_a_file"])
+                                  "submit_out_dir_is_a_file", "submit_xml_is_a_directory"])
 def test_real_process(name, request, tmp_path):
     """The same check on the real stderr of a `python -m pipeline` process."""
     case = _build(name, request, tmp_path)

@@ -82,8 +82,8 @@ def score_files(submission: str | os.PathLike, solution: str | os.PathLike, k: i
 
 
 @click.command("score")
-@click.argument("submission", type=click.Path(dir_okay=True))
-@click.option("--solution", required=True, type=click.Path(dir_okay=True), help="truth CSV (Id,Predicted)")
+@click.argument("submission")
+@click.option("--solution", required=True, help="truth CSV (Id,Predicted)")
 @click.option("--keypoints", "k", type=int, default=None, help="keypoints per face (default 68 when it fits)")
 @click.option("--eyes", default="36,45", show_default=True, help="outer eye corner indices for NME, or none")
 @click.option("--json", "json_out", default=None, help="also write the scores here")

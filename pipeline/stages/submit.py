@@ -15,7 +15,7 @@ import numpy as np
 
 from pipeline.core.config import config_options, params_source
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import check_output
+from pipeline.core.io import check_output, input_file
 from pipeline.core.paths import CACHE_DIR
 from pipeline.formats.cache import face_count, split_schema
 from pipeline.formats.predictions import read_predictions
@@ -48,11 +48,9 @@ def run_submit_xml(cfg: dict, xml_path: str | os.PathLike, checkpoints: Sequence
     # without torch's import
     from pipeline.inference.predictor import predict_xml
 
-    if not Path(xml_path).exists():
-        raise PipelineError(xml_path, "test XML not found")
-    for c in checkpoints:
-        if not Path(c).exists():
-            raise PipelineError(c, "checkpoint not found")
+    input_file(xml_path, "test XML not found", "a test XML file")
+    for c in checkpoints:  # all of them before the first one predicts
+        input_file(c, "checkpoint not found", "a checkpoint file")
     coords = predict_xml(xml_path, checkpoints, cfg["predict"], cfg["data"], cfg["crop"])
     return _write(coords, xml_path, out, None, get_schema(cfg["data"]).k)
 
@@ -70,13 +68,13 @@ def _write(coords, source, out: Path, n_faces: int | None, k: int | None) -> np.
               help="face cache; test/meta.csv gives the expected face count")
 @click.option("--out-dir", default="submissions", show_default=True,
               help="folder of <submit.name>.csv")
-@click.option("--xml", "xml_path", default=None, type=click.Path(dir_okay=False),
+@click.option("--xml", "xml_path", default=None,
               help="standalone mode: predict this test XML instead of reading --predictions")
-@click.option("--checkpoints", multiple=True, type=click.Path(dir_okay=False),
+@click.option("--checkpoints", multiple=True,
               help="standalone mode: checkpoint(s) to ensemble; more may follow as arguments")
 @click.option("--out", "out_path", default=None,
               help="output CSV (default <out-dir>/<submit.name>.csv)")
-@click.argument("more_checkpoints", nargs=-1, type=click.Path(dir_okay=False))
+@click.argument("more_checkpoints", nargs=-1)
 @config_options
 def submit_cmd(predictions_path, cache, out_dir, xml_path, checkpoints, out_path, more_checkpoints, cfg):
     """Write the competition CSV (Id,Predicted) from the test predictions.

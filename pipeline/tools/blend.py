@@ -32,7 +32,7 @@ import dvc.api
 import numpy as np
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import check_output, write_json
+from pipeline.core.io import check_output, input_file, write_json
 from pipeline.core.paths import CACHE_DIR
 from pipeline.formats.cache import read_array, read_info, read_meta
 from pipeline.formats.predictions import (
@@ -280,6 +280,8 @@ def run_blend(exps: Sequence[str], cache: str | os.PathLike, out_dir: str | os.P
         raise PipelineError(None, f"blend takes at most {MAX_INPUTS} inputs, got {len(exps)}")
     if len(set(exps)) != len(exps):
         raise PipelineError(None, "an input is named twice")
+    if solution:  # read only after the fitting: a wrong path fails before it
+        input_file(solution, "file not found", "a CSV file")
     truth = load_truth(cache)
     with tempfile.TemporaryDirectory(prefix="blend-") as tmp:
         sources = [load_source(e, Path(tmp), repo) for e in exps]
@@ -357,7 +359,7 @@ def run_blend(exps: Sequence[str], cache: str | os.PathLike, out_dir: str | os.P
 @click.option("--calibrate", type=click.Choice(["auto", "on", "off"]), default="auto", show_default=True,
               help="OOF bias calibration of the blend, as predict.calibrate")
 @click.option("--repo", default=".", show_default=True, help="DVC repository of experiment names")
-@click.option("--solution", default=None, type=click.Path(dir_okay=False),
+@click.option("--solution", default=None,
               help="also score each input's and the blend's test predictions against this truth CSV")
 def blend_cmd(exps, cache, out_dir, per_group, calibrate, repo, solution):
     """Blend experiments into one submission: EXP is a folder of predictions (or holding
