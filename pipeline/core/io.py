@@ -187,6 +187,15 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+def check_replaceable(dest: str | os.PathLike, is_ours: Callable[[Path], bool], what: str) -> None:
+    """Refuse (PipelineError naming `dest`: "exists and is not <what>; refusing to replace
+    it") to replace an existing `dest` unless it is an empty folder or passes `is_ours`, so
+    a mistyped output path never deletes someone's folder or file."""
+    dest = Path(dest)
+    if dest.exists() and (not dest.is_dir() or (any(dest.iterdir()) and not is_ours(dest))):
+        raise PipelineError(dest, f"exists and is not {what}; refusing to replace it")
+
+
 @contextlib.contextmanager
 def staging_dir(dest: str | os.PathLike, marker: str,
                 is_ours: Callable[[Path], bool] | None = None) -> Iterator[Path]:
@@ -197,9 +206,8 @@ def staging_dir(dest: str | os.PathLike, marker: str,
     run (kill -9) left beside `dest` are removed first; a failed write (a full disk) is a
     PipelineError naming `dest`, and `dest` is left as it was."""
     dest = check_output(dest, folder=True)
-    if dest.exists() and any(dest.iterdir()) and not (dest / marker).exists() and not (is_ours and is_ours(dest)):
-        raise PipelineError(dest, f"exists and is not an output of this stage (no {marker}); "
-                                  "refusing to replace it")
+    check_replaceable(dest, lambda d: (d / marker).exists() or bool(is_ours and is_ours(d)),
+                      f"an output of this stage (no {marker})")
     try:
         dest.parent.mkdir(parents=True, exist_ok=True)
         stale = [*dest.parent.glob(f".{dest.name}.tmp-*"), *dest.parent.glob(f".{dest.name}.old-*")]

@@ -19,7 +19,7 @@ import click
 from pipeline.core.config import config_options, params_source, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.faults import kill_point
-from pipeline.core.io import check_output, staging_dir
+from pipeline.core.io import check_output, check_replaceable, staging_dir
 from pipeline.core.paths import CACHE_DIR
 from pipeline.formats.annotations import crop_faces, load_xml, safe_image_path
 from pipeline.formats.cache import CACHE_MARKER, dataset_root, is_cache_root, write_cache_split
@@ -45,13 +45,9 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = CACHE_DIR) -> dict[str, int
     schema = get_schema(dcfg)
     splits = {"train": (root / dcfg["train_xml"], True), "test": (root / dcfg["test_xml"], False)}
     out = Path(out_dir)
-    if out.exists() and (not out.is_dir() or (any(out.iterdir()) and not is_cache_root(out))):
-        raise PipelineError(out, "exists and is not a face cache (only train/, test/ and params.resolved.yaml "
-                                 "may be there); refusing to replace it")
+    check_replaceable(out, is_cache_root, "a face cache (only train/, test/ and params.resolved.yaml may be there)")
     for name in splits:  # fail before the work when an output cannot be replaced
-        d = out / name
-        if d.exists() and (not d.is_dir() or (any(d.iterdir()) and not (d / CACHE_MARKER).exists())):
-            raise PipelineError(d, f"exists and is not a face cache (no {CACHE_MARKER}); refusing to replace it")
+        check_replaceable(out / name, lambda d: (d / CACHE_MARKER).exists(), f"a face cache (no {CACHE_MARKER})")
     # read and check both annotation files before cropping or writing anything
     faces = {name: load_xml(xml, schema, require_parts=req) for name, (xml, req) in splits.items()}
     crops, timing = {}, {}
