@@ -142,8 +142,8 @@ def test_bench_variants_are_rows_of_one_table(tmp_path, monkeypatch):
     # each --variant is one more training row, named by its overrides, trained with them;
     # on the CPU both matmul peaks are kept and the higher one is the reference
     import pipeline.tools.bench.command as bench
-    from pipeline.tools.bench import training
     from pipeline.core.errors import PipelineError
+    from pipeline.tools.bench import training
     from pipeline.tools.bench.report import format_table
 
     seen = []
@@ -171,3 +171,26 @@ def test_bench_variants_are_rows_of_one_table(tmp_path, monkeypatch):
     assert name in format_table(res)
     with pytest.raises(PipelineError, match="train.nope"):
         run_bench(cfg, ["resunet-tiny"], variants=[["train.nope=1"]], **kw)
+
+
+def test_bench_variant_model_options_build_the_variant_model(tmp_path, monkeypatch):
+    # --variant model.options.X=... must time the model with X, not the plain preset again
+    import pipeline.tools.bench.command as bench
+    from pipeline.tools.bench import training
+
+    built = []
+    real_variant = training._Variant
+
+    def spy(cfg, *args, **kwargs):
+        v = real_variant(cfg, *args, **kwargs)
+        built.append(v.setup.model.decoder_levels)
+        return v
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, "resolve_data_dir", lambda data: None)
+    monkeypatch.setattr(training, "_Variant", spy)
+    cfg = load_config(None, ["train.batch_size=2"])
+    kw = {"steps": 1, "batch_size": 2, "input_size": 32, "data": None, "checkpoints": [], "device_name": "cpu",
+          "infer_batch": 2, "rounds": 1, "min_time": 0.0, "matmul_n": 64, "accuracy": False, "detectors": False}
+    run_bench(cfg, ["resunet-tiny"], variants=[["model.options.decoder_levels=4"]], **kw)
+    assert built == [3, 4]

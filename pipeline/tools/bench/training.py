@@ -133,9 +133,12 @@ def bench_train_variants(cfgs: list[dict], preset: str, cache_dir: Path, steps: 
         raise PipelineError(Path(cache_dir) / "train", "bench needs a labelled training cache")
     bs = min(batch_size, len(cache))
     variants = []
+    base_options = cfgs[0]["model"].get("options") or {}
     for cfg in cfgs:
+        # a variant's own model.options (e.g. decoder_levels=4) apply on top of the preset's
+        own = {k: v for k, v in (cfg["model"].get("options") or {}).items() if base_options.get(k) != v}
         cfg = {**cfg, "model": {**cfg["model"], "preset": preset, "input_size": input_size,
-                                "options": dict(options or {})}, "train": {**cfg["train"], "batch_size": bs}}
+                                "options": {**(options or {}), **own}}, "train": {**cfg["train"], "batch_size": bs}}
         v = _Variant(cfg, cache, bs, input_size, device)
         # the first steps carry the one-off costs (train.compile's compilation, oneDNN's
         # primitive creation): warmup_s is their time beyond `warmup` steps at the best pace
