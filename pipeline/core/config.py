@@ -381,12 +381,16 @@ def load_config(params: str | os.PathLike | None = "params.yaml",
     return cfg
 
 
+def result_params(cfg: dict, sections: Iterable[str]) -> dict[str, dict[str, Any]]:
+    """The sections' params less the SPEED_ONLY ones: what a stage's outputs depend on."""
+    return {s: {k: v for k, v in cfg[s].items() if f"{s}.{k}" not in SPEED_ONLY} for s in sections}
+
+
 def write_resolved(cfg: dict, out_dir: str | os.PathLike, sections: Iterable[str],
                    name: str = "params.resolved.yaml") -> Path:
     """Write the sections a stage used beside its outputs, so a result names its config."""
     out = Path(out_dir) / name
-    used = {s: {k: v for k, v in cfg[s].items() if f"{s}.{k}" not in SPEED_ONLY} for s in sections}
-    write_text(out, yaml.safe_dump(used, sort_keys=False))
+    write_text(out, yaml.safe_dump(result_params(cfg, sections), sort_keys=False))
     return out
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.config import SPEED_ONLY, params_source
+from pipeline.core.config import params_source, result_params
 from pipeline.core.device import amp_dtype, use_channels_last, use_compile, use_sync_bn
 from pipeline.core.errors import PipelineError
 from pipeline.formats.cache import load_cache
@@ -39,7 +39,7 @@ TRAIN_SECTIONS = ("data", "crop", "folds", "model", "train")
 def _config_key(cfg: dict) -> dict:
     """The part of the config that must match for a checkpoint to be resumed. device,
     workers and AMP choices change speed, not the result's meaning."""
-    key = {s: {k: v for k, v in cfg[s].items() if f"{s}.{k}" not in SPEED_ONLY} for s in TRAIN_SECTIONS}
+    key = result_params(cfg, TRAIN_SECTIONS)
     for k in ("device", "num_workers", "compile"):
         key["train"].pop(k, None)
     return key
