@@ -94,6 +94,9 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         # torch.compile (inductor) of the training network: auto = off (on the 2-core CPU it
         # costs 25-60 s per fold and gains ~2%, docs/benchmarks.md) | on | off
         "compile": "auto",
+        # keep freed memory in the process heap (glibc mallopt) instead of handing big
+        # blocks back to the kernel after every step: auto = on with glibc (Linux) | on | off
+        "keep_freed_memory": "auto",
         # EMA of the weights (and BN buffers), evaluated each epoch beside the raw weights;
         # best.pt keeps whichever scores better. Decay per optimizer step; 0 = off
         "ema_decay": 0.0,
@@ -193,6 +196,7 @@ RANGES: dict[str, tuple[Any, str]] = {
     "train.amp": ((lambda v: v in ("auto", "on", "off", "bf16", "fp16")), "auto, on, off, bf16 or fp16"),
     "train.channels_last": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
     "train.compile": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
+    "train.keep_freed_memory": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
     "train.ema_decay": _number_in(0, 1, hi_open=True),
     "train.sync_bn": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
     "predict.amp": ((lambda v: v in ("auto", "on", "off", "bf16", "fp16")), "auto, on, off, bf16 or fp16"),

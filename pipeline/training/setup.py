@@ -17,6 +17,7 @@ import torch
 from pipeline.core.config import params_source, result_params
 from pipeline.core.device import amp_dtype, use_channels_last, use_compile, use_sync_bn
 from pipeline.core.errors import PipelineError
+from pipeline.core.heap import keep_freed_memory, use_keep_freed_memory
 from pipeline.formats.cache import load_cache
 from pipeline.formats.checkpoint import load_checkpoint
 from pipeline.formats.folds import read_folds
@@ -40,7 +41,7 @@ def _config_key(cfg: dict) -> dict:
     """The part of the config that must match for a checkpoint to be resumed. device,
     workers and AMP choices change speed, not the result's meaning."""
     key = result_params(cfg, TRAIN_SECTIONS)
-    for k in ("device", "num_workers", "compile"):
+    for k in ("device", "num_workers", "compile", "keep_freed_memory"):
         key["train"].pop(k, None)
     return key
 
@@ -90,6 +91,7 @@ def build_training(cfg: dict, cache, train_idx: np.ndarray, device: torch.device
         # fastest (not bit-reproducible between runs; see docs/scaling.md, Determinism)
         torch.backends.cudnn.benchmark = True
     amp = amp_dtype(tcfg["amp"], device)
+    keep_freed_memory(use_keep_freed_memory(tcfg["keep_freed_memory"]))
     channels_last = use_channels_last(tcfg["channels_last"], device)
     schema, cache_size, input_size = cache.schema, cache.faces.shape[1], mcfg["input_size"]
 

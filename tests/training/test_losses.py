@@ -157,6 +157,29 @@ def test_js_divergence_is_zero_for_equal_maps_and_at_most_ln2():
     assert (js_divergence(p, q) < np.log(2)).all()
 
 
+@pytest.mark.parametrize("sharpness", [1.0, 30.0])  # 30: peaked maps whose tails underflow to ~0
+def test_js_divergence_value_and_gradient_match_the_plain_formula(sharpness):
+    # the fused autograd Function must give the same loss and gradient as autograd of the
+    # textbook formula (eps terms included), or the regulariser would train differently
+    from pipeline.training.losses import js_divergence
+
+    def plain(p, q, eps=1e-12):
+        log_m = (0.5 * (p + q) + eps).log()
+        return 0.5 * ((p * ((p + eps).log() - log_m)).sum((-2, -1)) + (q * ((q + eps).log() - log_m)).sum((-2, -1)))
+
+    g = torch.Generator().manual_seed(0)
+    logits = (torch.randn(3, 5, 7, 9, generator=g, dtype=torch.float64) * sharpness).requires_grad_()
+    q = (torch.randn(3, 5, 63, generator=g, dtype=torch.float64) * 3).softmax(-1).reshape(3, 5, 7, 9)
+    weights = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    results = []
+    for fn in (js_divergence, plain):
+        p = logits.reshape(3, 5, 63).softmax(-1).reshape(3, 5, 7, 9)
+        js = fn(p, q)
+        results.append((js, *torch.autograd.grad((js * weights).sum(), logits)))
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-14, rtol=0)
+    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-14, rtol=0)
+
+
 def test_heatmap_term_needs_maps_and_pulls_the_maps_towards_the_target():
     from pipeline.models.head import soft_argmax
 

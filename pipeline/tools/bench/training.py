@@ -14,6 +14,7 @@ import torch
 
 from pipeline.core.config import load_config
 from pipeline.core.errors import PipelineError
+from pipeline.core.heap import keep_freed_memory, use_keep_freed_memory
 from pipeline.formats.cache import load_cache
 from pipeline.keypoints.preprocess import normalize_batch
 from pipeline.models import model_flops
@@ -114,6 +115,8 @@ class _Variant:
     def run(self, feed, n: int) -> tuple[float, float, float]:
         """(images/s, share of the time waiting for data, seconds) of n steps."""
         take = _Steps(feed, n)
+        # the heap policy is process-wide: each variant runs under its own
+        keep_freed_memory(use_keep_freed_memory(self.cfg["train"]["keep_freed_memory"]))
         sync(self.device)
         t0 = time.perf_counter()
         train_steps(self.setup, take, progress=False)
