@@ -194,3 +194,19 @@ def test_bench_variant_model_options_build_the_variant_model(tmp_path, monkeypat
           "infer_batch": 2, "rounds": 1, "min_time": 0.0, "matmul_n": 64, "accuracy": False, "detectors": False}
     run_bench(cfg, ["resunet-tiny"], variants=[["model.options.decoder_levels=4"]], **kw)
     assert built == [3, 4]
+
+
+def test_bench_times_each_variant_under_its_own_heap_policy(tiny_workspace, monkeypatch):
+    # the heap policy is process-wide: a variant with train.keep_freed_memory=off must run
+    # its timed steps with it off even though the variant before it turned it on
+    from pipeline.tools.bench import training
+
+    applied = []
+    monkeypatch.setattr(training, "keep_freed_memory", lambda on: applied.append(on) or on)
+    cfgs = [load_config(None, ["train.keep_freed_memory=on", "train.batch_size=2"]),
+            load_config(None, ["train.keep_freed_memory=off", "train.batch_size=2"])]
+    training.bench_train_variants(cfgs, "resunet-tiny", tiny_workspace / "cache", steps=1, batch_size=2,
+                                  input_size=32, device=torch.device("cpu"), rounds=1, warmup=1)
+    on = training.use_keep_freed_memory("on")  # False where the C library is not glibc
+    # warm-up (synthetic, real) of each variant, then one round of (real, synthetic) each
+    assert applied == [on, on, False, False, on, on, False, False]
