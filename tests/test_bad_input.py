@@ -138,7 +138,7 @@ def image_is_directory(demo_dir, tmp):
     rel = _first_image(ds / TRAIN_XML)
     (ds / rel).unlink()
     (ds / rel).mkdir()
-    return _crop_case(ds, tmp, ds / TRAIN_XML, r"is a directory, not an image", rel)
+    return _crop_case(ds, tmp, ds / TRAIN_XML, r"is a directory, expected an image file", rel)
 
 
 # one edit of an annotation file: (xml, pattern, replacement, the one-line problem)

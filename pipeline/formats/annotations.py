@@ -117,7 +117,7 @@ def load_xml(path: str | os.PathLike, schema: KeypointSchema, require_parts: boo
         if not img_path.exists():
             raise PipelineError(path, f"image file not found: {img_path}", f"image {rel}")
         if img_path.is_dir():
-            raise PipelineError(path, f"is a directory, not an image: {img_path}", f"image {rel}")
+            raise PipelineError(path, f"is a directory, expected an image file: {img_path}", f"image {rel}")
         if img_path.stat().st_size == 0:
             raise PipelineError(path, f"image file is empty (0 bytes): {img_path}", f"image {rel}")
         boxes = image.findall("box")

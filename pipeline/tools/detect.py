@@ -7,10 +7,7 @@ the faces of several photos in one batch. Inputs may be files, folders or glob p
 
 from __future__ import annotations
 
-import csv
 import glob
-import io
-import json
 import logging
 from pathlib import Path
 from typing import Sequence
@@ -21,10 +18,11 @@ from tqdm import tqdm
 
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import check_output, write_bytes
+from pipeline.core.io import check_output
 from pipeline.detection.detectors import get_detector, locate_faces
 from pipeline.formats.annotations import read_image
 from pipeline.formats.images import write_png
+from pipeline.formats.photo_keypoints import photo_record, write_photo_json, write_photo_keypoints_csv
 from pipeline.inference.predictor import load_models
 from pipeline.inference.tta import predict_many
 from pipeline.keypoints.draw import draw_faces
@@ -77,7 +75,7 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
     models = load_models(checkpoints, device, backend)
     schema = schema_from_dict(models[0][1]["schema"])
     out = Path(out_dir)
-    results, rows, stems, failed = [], [], set(), []
+    results, per_photo, stems, failed = [], [], set(), []
     pending: list[tuple[Path, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def flush() -> None:
@@ -92,15 +90,12 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
             stem = next(f"{stem}-{i}" for i in range(2, len(paths) + 2) if f"{stem}-{i}" not in stems)
         stems.add(stem)
         write_png(out / f"{stem}_keypoints.png", annotate(image, boxes, pts, schema))
-        faces = [{"box": [round(float(v), 2) for v in b], "detector_box": [round(float(v), 2) for v in h],
-                  "points": np.round(p, 3).tolist()} for b, h, p in zip(boxes, raw, pts)]
-        res = {"image": str(photo), "width": int(image.shape[1]), "height": int(image.shape[0]),
-               "detector": found.description, "schema": schema.name, "names": list(schema.names),
-               "checkpoints": [str(c) for c in checkpoints], "tta": tta, "n_faces": len(faces), "faces": faces}
-        write_bytes(out / f"{stem}_keypoints.json", (json.dumps(res, indent=1) + "\n").encode())
-        for j, (b, p) in enumerate(zip(boxes, pts)):
-            rows.append([str(photo), j, *[f"{v:.2f}" for v in b], *[f"{v:.3f}" for v in p.reshape(-1)]])
-        log.info("%s: %d face(s) -> %s", photo, len(faces), out / f"{stem}_keypoints.png")
+        res = photo_record(str(photo), image.shape[1], image.shape[0], detector=found.description,
+                           schema=schema.name, names=schema.names, checkpoints=checkpoints, tta=tta,
+                           boxes=boxes, detector_boxes=raw, points=pts)
+        write_photo_json(out / f"{stem}_keypoints.json", res)
+        per_photo.append((str(photo), boxes, pts))
+        log.info("%s: %d face(s) -> %s", photo, res["n_faces"], out / f"{stem}_keypoints.png")
         return res
 
     for photo in tqdm(paths, desc="predict-image", unit="image", disable=len(paths) < 2):
@@ -124,12 +119,7 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
     if failed:
         log.warning("%d of %d images could not be read and were skipped", len(failed), len(paths))
     if write_csv:
-        buf = io.StringIO()
-        w = csv.writer(buf, lineterminator="\n")
-        w.writerow(["image", "face", "box_left", "box_top", "box_width", "box_height"]
-                   + [f"{c}{i}" for i in range(schema.k) for c in ("x", "y")])
-        w.writerows(rows)
-        write_bytes(out / "keypoints.csv", buf.getvalue().encode())
+        write_photo_keypoints_csv(out / "keypoints.csv", per_photo, schema.k)
     return results
 
 
