@@ -6,6 +6,7 @@ A crash (or kill -9) mid-write leaves the previous file, or none, never half a f
 from __future__ import annotations
 
 import contextlib
+import csv
 import io
 import json
 import logging
@@ -247,3 +248,19 @@ def write_bytes(path: str | os.PathLike, data: bytes, suffix: str = "") -> Path:
     with atomic_path(path, suffix=suffix) as tmp:
         tmp.write_bytes(data)
     return path
+
+
+def write_csv(path: str | os.PathLike, rows) -> Path:
+    """Rows (lists of cells) as a CSV with "\n" line ends, written atomically."""
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows(rows)
+    return write_bytes(path, buf.getvalue().encode())
+
+
+def read_csv_rows(path: Path) -> list[list[str]]:
+    """Every row of a CSV file; an unreadable or undecodable file is a one-line error."""
+    try:
+        with open(path, newline="") as f:
+            return list(csv.reader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise PipelineError(path, f"cannot read ({type(e).__name__})") from None

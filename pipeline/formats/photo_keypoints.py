@@ -13,8 +13,6 @@ centres at integers; boxes are [left, top, width, height] in the training box co
 
 from __future__ import annotations
 
-import csv
-import io
 import json
 import os
 from pathlib import Path
@@ -23,7 +21,7 @@ from typing import Any, Iterable, Sequence
 import numpy as np
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import input_file, write_bytes
+from pipeline.core.io import input_file, read_csv_rows, write_bytes, write_csv
 
 FIXED = ("image", "face", "box_left", "box_top", "box_width", "box_height")
 JSON_KEYS = ("image", "width", "height", "detector", "schema", "names", "checkpoints", "tta", "n_faces", "faces")
@@ -39,26 +37,20 @@ def header(k: int) -> list[str]:
 def write_photo_keypoints_csv(path: str | os.PathLike, photos: Iterable[tuple[str, Any, Any]], k: int) -> Path:
     """One row per face of photos [(image, boxes (F, 4), points (F, K, 2))], written atomically;
     `k` names the columns when no photo has a face."""
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(header(k))
+    rows = [header(k)]
     for image, boxes, points in photos:
         for j, (b, p) in enumerate(zip(boxes, points)):
             p = np.asarray(p).reshape(-1)
             if len(p) != 2 * k:
                 raise ValueError(f"{image} face {j}: {len(p)} coordinates, expected {2 * k}")
-            w.writerow([str(image), j, *[f"{v:.2f}" for v in b], *[f"{v:.3f}" for v in p]])
-    return write_bytes(path, buf.getvalue().encode())
+            rows.append([str(image), j, *[f"{v:.2f}" for v in b], *[f"{v:.3f}" for v in p]])
+    return write_csv(path, rows)
 
 
 def read_photo_keypoints_csv(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """{"image": (N,) str, "face": (N,) int, "box": (N, 4), "points": (N, K, 2)}."""
     path = input_file(path, "photo keypoint CSV not found", "a photo keypoint CSV file")
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise PipelineError(path, f"cannot read ({type(e).__name__})") from None
+    rows = read_csv_rows(path)
     if not rows:
         raise PipelineError(path, "empty file (no header)")
     head = rows[0]

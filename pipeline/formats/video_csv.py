@@ -9,15 +9,13 @@ integers). Rows are sorted by frame, then face."""
 
 from __future__ import annotations
 
-import csv
-import io
 import os
 from pathlib import Path
 
 import numpy as np
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import input_file, write_bytes
+from pipeline.core.io import input_file, read_csv_rows, write_csv
 
 FIXED = ("frame", "time", "face")
 
@@ -30,22 +28,15 @@ def write_video_csv(path: str | os.PathLike, frames: np.ndarray, times: np.ndarr
                     points: np.ndarray) -> Path:
     """Rows (frame[i], times[i], faces[i], points[i] (K, 2)), written atomically."""
     points = np.asarray(points, dtype=np.float64).reshape(len(frames), -1, 2)
-    buf = io.StringIO()
-    w = csv.writer(buf, lineterminator="\n")
-    w.writerow(header(points.shape[1]))
-    for f, t, face, p in zip(frames, times, faces, points):
-        w.writerow([int(f), f"{float(t):.4f}", int(face), *[f"{v:.3f}" for v in p.reshape(-1)]])
-    return write_bytes(path, buf.getvalue().encode())
+    rows = [[int(f), f"{float(t):.4f}", int(face), *[f"{v:.3f}" for v in p.reshape(-1)]]
+            for f, t, face, p in zip(frames, times, faces, points)]
+    return write_csv(path, [header(points.shape[1]), *rows])
 
 
 def read_video_csv(path: str | os.PathLike) -> dict[str, np.ndarray]:
     """{"frame": (N,), "time": (N,), "face": (N,), "points": (N, K, 2)}."""
     path = input_file(path, "keypoint CSV not found", "a keypoint CSV file")
-    try:
-        with open(path, newline="") as f:
-            rows = list(csv.reader(f))
-    except (OSError, UnicodeDecodeError) as e:
-        raise PipelineError(path, f"cannot read ({type(e).__name__})") from None
+    rows = read_csv_rows(path)
     if not rows or tuple(rows[0][:3]) != FIXED or (len(rows[0]) - 3) % 2:
         raise PipelineError(path, f"not a video keypoint CSV (header must start {','.join(FIXED)},x0,y0,...)")
     k = (len(rows[0]) - 3) // 2
