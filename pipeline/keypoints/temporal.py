@@ -71,14 +71,14 @@ def track_summary(frame: np.ndarray, face: np.ndarray, n_frames: int, expected_f
     for f, fid in zip(frame.tolist(), face.tolist()):
         first[f] = min(first.get(f, fid), fid)
     switches = sum(1 for f in first if f - 1 in first and first[f] != first[f - 1])
-    return {"tracks": int(len(np.unique(face))), "id_switches": int(switches),
+    return {"tracks": len(np.unique(face)), "id_switches": switches,
             "extra_face_frames": int((counts > expected_faces).sum()), "expected_faces": int(expected_faces)}
 
 
 def per_second_rate(frame_seconds: np.ndarray, fps: float) -> dict[str, float]:
     """Frames/s over each whole second of the clip (frame_seconds: (T,) time spent on each
     frame): the median over seconds, the slowest second (its index and rate) and their ratio."""
-    per = max(1, int(round(fps)))
+    per = max(1, round(fps))
     n = len(frame_seconds) // per
     if n == 0:
         rate = len(frame_seconds) / max(float(np.sum(frame_seconds)), 1e-9)

@@ -74,7 +74,7 @@ def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, 
     cap, fps, declared = open_video(src)
     # "poly": a centred local quadratic over +-half frames (no lag, `half` frames of latency);
     # "one_euro": causal, smoothed as each frame comes
-    half = int(round(vcfg["half_window_s"] * fps)) if vcfg["filter"] == "poly" else 0
+    half = round(vcfg["half_window_s"] * fps) if vcfg["filter"] == "poly" else 0
     smoother = ((lambda: OneEuroFilter(vcfg["min_cutoff"], vcfg["beta"], vcfg["d_cutoff"]))
                 if vcfg["filter"] == "one_euro" else None)
     tracker = FaceTracker(detect, predict, box_from_points=box_constants(vcfg), detect_every=vcfg["detect_every"],
@@ -423,6 +423,6 @@ def video_stats_cmd(clips, checkpoints, csv_path, device, backend, cfg):
         table.append(stats_row(Path(c).name, st))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(STATS_COLUMNS))]
     for row in table:
-        click.echo(" ".join(f"{str(v):>{w}}" for v, w in zip(row, widths)))
+        click.echo(" ".join(f"{v!s:>{w}}" for v, w in zip(row, widths)))
     if csv_path:
         write_csv(csv_path, table)

@@ -188,6 +188,6 @@ def test_a_face_the_model_keeps_losing_costs_a_bounded_number_of_detector_runs(t
 
 def test_an_empty_picture_runs_the_detector_every_retry_every_frames(tpl):
     scene = Scene(tpl, {"a": lambda i: (30, 40, 1.0) if i >= 7 else None})
-    tracker, frames = scene.run(12, detect_every=10, retry_every=3)
+    _, frames = scene.run(12, detect_every=10, retry_every=3)
     assert scene.detect_calls == [0, 3, 6, 9]
     assert not any(frames[i] for i in range(9)) and all(0 in frames[i] for i in range(9, 12))

@@ -4,7 +4,12 @@ import numpy as np
 import pytest
 
 from pipeline.keypoints.smoothing import local_poly_at, local_poly_weights
-from pipeline.keypoints.temporal import lag, per_second_rate, second_difference_jitter, track_summary
+from pipeline.keypoints.temporal import (
+    lag,
+    per_second_rate,
+    second_difference_jitter,
+    track_summary,
+)
 
 
 def _face(n, motion):

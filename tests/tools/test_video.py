@@ -165,3 +165,14 @@ def test_predict_image_on_a_folder_skips_the_unreadable_file(tiny_model, videos,
     for n in ("x.jpg", "y.png"):
         (only_bad / n).write_bytes(b"junk")
     assert run(["predict-image", only_bad, "--checkpoint", tiny_model, "--out-dir", out]) == 2
+
+
+@needs_haar
+def test_video_stats_writes_one_row_per_clip(tiny_model, videos, tmp_path):
+    src, _ = videos["still"]
+    out = tmp_path / "stats.csv"
+    assert run(["video-stats", src, src, "--checkpoint", tiny_model, "--csv", out, *HAAR]) == 0
+    rows = out.read_text().splitlines()
+    assert rows[0].startswith("clip,frames,tracks,id_switches,extra_face_frames") and len(rows) == 3
+    cells = dict(zip(rows[0].split(","), rows[1].split(",")))
+    assert cells["frames"] == "12" and cells["tracks"] == "1" and float(cells["lag_delay_frames"]) == 0

@@ -34,13 +34,13 @@ def format_video(v: dict | None) -> list[str]:
         return []
     if "skipped" in v:
         return [f"video: skipped ({v['skipped']})"]
-    lines = [f"video: {v['frames']}-frame test videos (make-test-video), {v['detector']}; smoothing: "
-             f"{v.get('filter', 'One Euro')}; frames/s end to end (decode, detect, predict, draw, "
-             f"encode): {v['frames_per_s']:.1f}",
-             "  jitter: frame-to-frame motion less the truth's, px; jitter2: mean |p[t+1] - 2p[t] + p[t-1]|, "
-             "% of the eye distance; lag: mean |smoothed - raw| %, delay frames",
-             f"{'video':<8} {'jitter raw px':>13} {'smoothed':>9} {'NME raw %':>10} {'smoothed':>9} {'tracks':>6} "
-             f"{'jitter2 raw':>11} {'smoothed':>9} {'lag %':>6} {'delay':>5}"]
+    lines = [(f"video: {v['frames']}-frame test videos (make-test-video), {v['detector']}; smoothing: "
+              f"{v.get('filter', 'One Euro')}; frames/s end to end (decode, detect, predict, draw, "
+              f"encode): {v['frames_per_s']:.1f}"),
+             ("  jitter: frame-to-frame motion less the truth's, px; jitter2: mean |p[t+1] - 2p[t] + p[t-1]|, "
+              "% of the eye distance; lag: mean |smoothed - raw| %, delay frames"),
+             (f"{'video':<8} {'jitter raw px':>13} {'smoothed':>9} {'NME raw %':>10} {'smoothed':>9} {'tracks':>6} "
+              f"{'jitter2 raw':>11} {'smoothed':>9} {'lag %':>6} {'delay':>5}")]
     for kind in ("still", "moving"):
         r = v[kind]
         st = r.get("stats", {})
