@@ -32,6 +32,7 @@ COMMANDS = {
     "morph": "pipeline.tools.morph:morph_cmd",
     "predict-video": "pipeline.tools.video:predict_video_cmd",
     "make-test-video": "pipeline.tools.video:make_test_video_cmd",
+    "video-stats": "pipeline.tools.video:video_stats_cmd",
     "gpu-check": "pipeline.tools.gpu_check:gpu_check_cmd",
     "blend": "pipeline.tools.blend:blend_cmd",
 }

@@ -125,7 +125,10 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         "name": "submission",  # submissions/<name>.csv
     },
     "video": {  # pipeline predict-video (pipeline/inference/tracking.py, pipeline/keypoints/smoothing.py)
-        "detect_every": 10,  # run the face detector every N frames (and at once when a track is lost)
+        "detect_every": 10,  # run the face detector every N frames (and sooner when a track is lost)
+        # while a track is lost or nothing is tracked, the detector runs at most every N frames
+        # (a bound on its cost per second: fps / N + fps / detect_every runs, never every frame)
+        "retry_every": 5,
         "detector": "auto",  # auto | mtcnn | dlib | haar (see predict-image)
         "match_iou": 0.3,  # a detection with this IoU to a track's box continues that track (same id)
         "max_missed": 1,  # a track missed on more detection frames in a row than this is closed
@@ -143,6 +146,11 @@ DEFAULTS: dict[str, dict[str, Any]] = {
         # three values: the lowest still-face jitter with moving-face NME <= 1.03 x raw on the
         # make-test-video pair (docs/video.md: jitter -69 %, NME +2 %)
         "smooth": "on",
+        # poly: a centred local quadratic (Savitzky-Golay) over +-half_window_s around each frame:
+        # no lag, at half_window_s of latency (the video is written that much behind);
+        # one_euro: causal, for live use (min_cutoff, beta, d_cutoff below). docs/video.md
+        "filter": "poly",
+        "half_window_s": 0.1,  # s: half the poly window (0.1: 7 frames at 30 fps; longer = less jitter, more lag)
         "min_cutoff": 0.1,  # Hz: cutoff for a still face (lower = less jitter, more lag)
         "beta": 100.0,  # Hz of cutoff per (face size / s) of speed (higher = less lag when moving)
         "d_cutoff": 1.0,  # Hz: cutoff of the speed estimate
@@ -201,12 +209,15 @@ RANGES: dict[str, tuple[Any, str]] = {
     "train.sync_bn": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
     "predict.amp": ((lambda v: v in ("auto", "on", "off", "bf16", "fp16")), "auto, on, off, bf16 or fp16"),
     "folds.group_regex": ((lambda v: _regex_with_photo(v)), "a regex with a named group (?P<photo>...)"),
-    "video.detect_every": _int_at_least(1), "video.max_missed": _int_at_least(0), "video.max_faces": _int_at_least(0),
+    "video.detect_every": _int_at_least(1), "video.retry_every": _int_at_least(1),
+    "video.max_missed": _int_at_least(0), "video.max_faces": _int_at_least(0),
     "video.detector": ((lambda v: v in ("auto", "mtcnn", "dlib", "haar")), "auto, mtcnn, dlib or haar"),
     "video.match_iou": _number_in(0, 1, lo_open=True), "video.min_visible": _number_in(0, 1),
     "video.box_w_scale": _number_in(0, 10, lo_open=True), "video.box_h_scale": _number_in(0, 10, lo_open=True),
     "video.box_dx": _number_in(-1, 1), "video.box_dy": _number_in(-1, 1),
     "video.smooth": ((lambda v: v in ("on", "off")), "on or off"),
+    "video.filter": ((lambda v: v in ("poly", "one_euro")), "poly or one_euro"),
+    "video.half_window_s": _number_in(0, 10),
     "video.min_cutoff": _number_in(0, 1e3, lo_open=True), "video.beta": _number_in(0, 1e3),
     "video.d_cutoff": _number_in(0, 1e3, lo_open=True),
 }

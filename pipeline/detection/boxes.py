@@ -18,6 +18,18 @@ def iou(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.where(union > 0, inter / np.where(union > 0, union, 1), 0.0)
 
 
+def overlap_of_smaller(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(M, N) intersection over the smaller box's area: 1 when one box lies inside the other,
+    whatever their sizes (IoU of a box and one twice its side inside it is only 0.25)."""
+    a, b = np.asarray(a, dtype=np.float64).reshape(-1, 4), np.asarray(b, dtype=np.float64).reshape(-1, 4)
+    iw = np.clip(np.minimum(a[:, None, 0] + a[:, None, 2], b[None, :, 0] + b[None, :, 2])
+                 - np.maximum(a[:, None, 0], b[None, :, 0]), 0, None)
+    ih = np.clip(np.minimum(a[:, None, 1] + a[:, None, 3], b[None, :, 1] + b[None, :, 3])
+                 - np.maximum(a[:, None, 1], b[None, :, 1]), 0, None)
+    smaller = np.minimum((a[:, 2] * a[:, 3])[:, None], (b[:, 2] * b[:, 3])[None, :])
+    return np.where(smaller > 0, iw * ih / np.where(smaller > 0, smaller, 1), 0.0)
+
+
 def to_box(raw: np.ndarray, c: dict) -> np.ndarray:
     """(M, 4) raw detector boxes -> (M, 4) training-convention boxes [left, top, w, h] with the
     constants c: width/height scaled, centre moved by (dx, dy) detector box widths."""

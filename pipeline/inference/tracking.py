@@ -1,5 +1,5 @@
-"""Faces across video frames: detect on the first frame and every `detect_every` frames (or
-at once when a track is lost); in between, a face's box on the next frame is the box of its
+"""Faces across video frames: detect on the first frame and every `detect_every` frames (and
+sooner, at most every `retry_every` frames, while a track is lost or nothing is tracked); in between, a face's box on the next frame is the box of its
 keypoints on this one, mapped to the box convention the model was trained with
 (`points_to_box`). Every track has an id that is never reused, and a track is closed when
 its face leaves the picture, goes undetected on more than `max_missed` detection frames in
@@ -12,17 +12,25 @@ on synthetic sequences in tests and on any backend in `pipeline predict-video`.
 A track is lost when the box of its keypoints is tiny or overlaps its last box below
 `match_iou` (the keypoints left the face, e.g. a weak model on a hard frame): the detector
 runs on that frame, and the detection matching the track's last good box takes over under
-the same id, so a poor model degrades to detecting every frame rather than to new ids."""
+the same id. The detector's cost is bounded: a lost track, a face that left, or an empty
+picture call it at most once every `retry_every` frames (a lost track keeps its last good
+box in between), so a poor model costs at most fps / retry_every + fps / detect_every
+detector runs a second, never one per frame.
+
+One face gives one track: a detection that overlaps a track (IoU >= match_iou, or half of
+the smaller box inside the other: the detector firing on the same face at another scale)
+never starts a second one, and of two tracks whose keypoint boxes overlap that way the
+younger is closed."""
 
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import numpy as np
 
-from pipeline.detection.boxes import iou
+from pipeline.detection.boxes import iou, overlap_of_smaller
 from pipeline.detection.matching import match
 from pipeline.formats.annotations import load_xml
 from pipeline.keypoints.schema import IBUG68
@@ -33,8 +41,11 @@ from pipeline.keypoints.smoothing import OneEuroFilter
 # detector box: Haar's has median IoU 0.78 with them) unless the two disagree below this
 # IoU, in which case the track has drifted and restarts from the detector's box.
 REANCHOR_IOU = 0.5
-# Two tracks whose boxes overlap this much follow one face: the younger one is closed.
-DUPLICATE_IOU = 0.6
+# Two boxes of which this share of the smaller one lies inside the other are one face (the
+# detector's boxes of one face at two scales, or two tracks that converged): a detection
+# like that never starts a track, and of two tracks like that the younger is closed. Two
+# real faces side by side overlap far less (heads do not interpenetrate by half).
+SAME_FACE_OVERLAP = 0.5
 MIN_BOX_PX = 8.0  # a tracked box smaller than this is lost (the face is gone or the points collapsed)
 
 
@@ -104,15 +115,17 @@ class FaceTracker:
     def __init__(self, detect: Callable[[np.ndarray], np.ndarray],
                  predict: Callable[[np.ndarray, np.ndarray], np.ndarray], *, box_from_points: dict,
                  detect_every: int = 10, match_iou: float = 0.3, min_visible: float = 0.5, max_missed: int = 1,
-                 max_faces: int = 0, smoother: Callable[[], OneEuroFilter] | None = None):
+                 max_faces: int = 0, retry_every: int = 3, smoother: Callable[[], Any] | None = None):
         self.detect, self.predict = detect, predict
         self.c, self.detect_every, self.match_iou = box_from_points, max(1, int(detect_every)), match_iou
         self.min_visible, self.max_missed, self.max_faces = min_visible, max_missed, max_faces
+        self.retry_every = max(1, int(retry_every))
         self.smoother = smoother
         self.active: list[Track] = []
         self.closed: list[Track] = []
         self.next_id = 0
         self.last_detect: int | None = None
+        self.wanted = False  # a track was lost or left, or nothing is tracked, since the last run
         self.detections = 0  # frames the detector ran on
 
     def _close(self, track: Track, why: str) -> None:
@@ -133,7 +146,7 @@ class FaceTracker:
     def _match_detections(self, index: int, image: np.ndarray) -> None:
         boxes = np.asarray(self.detect(image), dtype=np.float64).reshape(-1, 4)
         self.detections += 1
-        self.last_detect = index
+        self.last_detect, self.wanted = index, False
         tracked = np.array([t.box for t in self.active]).reshape(-1, 4)
         pairs = match(tracked, boxes, self.match_iou)
         used = {di for _, di, _ in pairs}
@@ -158,13 +171,16 @@ class FaceTracker:
         for di in range(len(boxes)):  # largest first (the detectors sort them)
             if di in used or (self.max_faces and len(self.active) >= self.max_faces):
                 continue
+            taken = np.array([t.box for t in self.active]).reshape(-1, 4)
+            if len(taken) and overlap_of_smaller(boxes[di], taken).max() >= SAME_FACE_OVERLAP:
+                continue  # a face already tracked, found again (at another scale, or a part of it)
             self.active.append(self._new_track(index, boxes[di]))
 
     def step(self, index: int, t: float, image: np.ndarray) -> list[Track]:
-        """One frame: each track's box from its last keypoints; the detector when due, when
-        a track's face left the picture, or when a track is lost (its keypoint box is tiny or
-        overlaps its last box below match_iou: the keypoints left the face); then keypoints
-        for every track in one batch."""
+        """One frame: each track's box from its last keypoints; the detector when due, or
+        (at most every retry_every frames) when a track's face left the picture, nothing is
+        tracked, or a track is lost (its keypoint box is tiny or overlaps its last box below
+        match_iou: the keypoints left the face); then keypoints for every track in one batch."""
         h, w = image.shape[:2]
         lost = False
         keep = []
@@ -173,16 +189,19 @@ class FaceTracker:
             if tr.points is not None:
                 cand = points_to_box(tr.points, self.c)[0]
                 if min(cand[2], cand[3]) < MIN_BOX_PX or iou(cand[None], tr.box[None])[0, 0] < self.match_iou:
-                    tr.lost = lost = True  # keeps its last good box, for the detector to find it again
+                    tr.lost = True  # keeps its last good box, for the detector to find it again
                 else:
-                    tr.box = cand
+                    tr.box, tr.lost = cand, False
             if visible_fraction(tr.box, w, h) < self.min_visible:
                 self._close(tr, "left the picture")
                 lost = True
                 continue
             keep.append(tr)
+            lost = lost or tr.lost
         self.active = keep
-        if lost or not self.active or self.last_detect is None or index - self.last_detect >= self.detect_every:
+        self.wanted = self.wanted or lost or not self.active  # the detector is owed a run
+        since = None if self.last_detect is None else index - self.last_detect
+        if since is None or since >= self.detect_every or (self.wanted and since >= self.retry_every):
             self._match_detections(index, image)
         if not self.active:
             return []
@@ -200,10 +219,10 @@ class FaceTracker:
         if len(self.active) < 2:
             return
         boxes = points_to_box(np.stack([t.points for t in self.active]), self.c)
-        m = iou(boxes, boxes)
+        m = overlap_of_smaller(boxes, boxes)
         keep = []
         for i, t in enumerate(self.active):  # oldest first: a later track that overlaps an earlier one goes
-            if any(m[i, j] >= DUPLICATE_IOU for j in keep):
+            if any(m[i, j] >= SAME_FACE_OVERLAP for j in keep):
                 self._close(t, "duplicate of another track")
                 continue
             keep.append(i)

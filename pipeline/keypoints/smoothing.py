@@ -60,9 +60,29 @@ class OneEuroFilter:
         return self.x_hat.copy()
 
 
+def local_poly_weights(before: int, after: int, order: int = 2) -> np.ndarray:
+    """Weights (before + 1 + after,) that turn the samples at offsets -before..after into the
+    value at 0 of their least-squares polynomial of `order` (Savitzky and Golay 1964).
+    Centred, it has no lag: a motion that is polynomial of that order over the window passes
+    through exactly, and noise is averaged over the window. A one-sided window (a track's
+    first and last frames) fits a line instead: a quadratic extrapolated to the window's end
+    amplifies noise there rather than removing it."""
+    u = np.arange(-before, after + 1, dtype=np.float64)
+    order = min(order if before == after else 1, len(u) - 1)
+    return np.linalg.pinv(np.vander(u, order + 1, increasing=True))[0]
+
+
+def local_poly_at(xs: np.ndarray, t: int, half: int, order: int = 2) -> np.ndarray:
+    """The centred local-polynomial value of sequence xs (T, ...) at index t, over
+    t - half .. t + half (clipped to the sequence)."""
+    lo, hi = max(0, t - half), min(len(xs), t + half + 1)
+    return np.tensordot(local_poly_weights(t - lo, hi - 1 - t, order), np.asarray(xs[lo:hi], dtype=np.float64), axes=1)
+
+
 def smooth_sequence(xs: np.ndarray, fps: float, min_cutoff: float, beta: float, d_cutoff: float,
                     scales: np.ndarray | None = None) -> np.ndarray:
     """One Euro over a whole sequence (T, ...) sampled at `fps` (scales: (T,) or None)."""
     f = OneEuroFilter(min_cutoff, beta, d_cutoff)
     xs = np.asarray(xs, dtype=np.float64)
     return np.stack([f(x, i / fps, 1.0 if scales is None else float(scales[i])) for i, x in enumerate(xs)])
+

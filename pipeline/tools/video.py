@@ -21,7 +21,7 @@ from tqdm import tqdm
 from pipeline.core.config import config_options
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import check_output
+from pipeline.core.io import check_output, write_csv
 from pipeline.detection.detectors import get_detector
 from pipeline.formats.images import write_png
 from pipeline.formats.video import AtomicVideoWriter, frames_of, open_video
@@ -31,7 +31,8 @@ from pipeline.inference.tracking import FaceTracker, box_constants
 from pipeline.inference.tta import predict_boxes
 from pipeline.keypoints.draw import contact_sheet, draw_faces, put_label
 from pipeline.keypoints.schema import schema_from_dict
-from pipeline.keypoints.smoothing import OneEuroFilter
+from pipeline.keypoints.smoothing import OneEuroFilter, local_poly_at
+from pipeline.keypoints.temporal import lag, per_second_rate, second_difference_jitter, track_summary
 from pipeline.synth.moving_face import TEST_PHOTO, make_test_video
 from pipeline.tools.viz import face_tile
 
@@ -70,17 +71,52 @@ def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, 
     def predict(image, boxes):
         return predict_boxes(image, boxes, models, tta, device)
 
-    smoother = (lambda: OneEuroFilter(vcfg["min_cutoff"], vcfg["beta"], vcfg["d_cutoff"]))
+    cap, fps, declared = open_video(src)
+    # "poly": a centred local quadratic over +-half frames (no lag, `half` frames of latency);
+    # "one_euro": causal, smoothed as each frame comes
+    half = round(vcfg["half_window_s"] * fps) if vcfg["filter"] == "poly" else 0
+    smoother = ((lambda: OneEuroFilter(vcfg["min_cutoff"], vcfg["beta"], vcfg["d_cutoff"]))
+                if vcfg["filter"] == "one_euro" else None)
     tracker = FaceTracker(detect, predict, box_from_points=box_constants(vcfg), detect_every=vcfg["detect_every"],
                           match_iou=vcfg["match_iou"], min_visible=vcfg["min_visible"],
-                          max_missed=vcfg["max_missed"], max_faces=vcfg["max_faces"], smoother=smoother)
-    cap, fps, declared = open_video(src)
+                          max_missed=vcfg["max_missed"], max_faces=vcfg["max_faces"],
+                          retry_every=vcfg["retry_every"], smoother=smoother)
     rows: dict[str, list] = {"frame": [], "time": [], "face": [], "raw": [], "smoothed": [], "side": [], "box": []}
     writer = AtomicVideoWriter(out_mp4, fps) if out_mp4 is not None else None
     kept: dict[int, tuple[np.ndarray, np.ndarray]] = {}
     keep = set(keep)
+    track_rows: dict[int, list[int]] = {}  # face id -> its rows, in frame order (open tracks)
+    done: dict[int, int] = {}  # face id -> how many of its rows are smoothed
+    pending: list[tuple[int, np.ndarray, list[int]]] = []  # frames not yet drawn: (index, image, rows)
+
+    def settle(i: int, live: set[int]) -> None:
+        """Smooth every row whose window is complete (half frames after it seen, or its track
+        closed), then draw the frames whose rows are all smoothed."""
+        for fid in list(track_rows):
+            rs, j = track_rows[fid], done.get(fid, 0)
+            stop = len(rs) - half if fid in live else len(rs)
+            while smoother is None and j < stop:
+                lo = max(0, j - half)
+                window = np.asarray([rows["raw"][r] for r in rs[lo:j + half + 1]])
+                rows["smoothed"][rs[j]] = local_poly_at(window, j - lo, half)
+                j += 1
+            done[fid] = j
+            if fid not in live:
+                del track_rows[fid]  # closed, every row smoothed
+        while pending and all(rows["smoothed"][r] is not None for r in pending[0][2]):
+            j, image, rs = pending.pop(0)
+            if writer is not None:
+                writer.write(draw_frame(image, [(rows["face"][r], rows["box"][r],
+                                                 rows["smoothed"][r] if smooth else rows["raw"][r]) for r in rs], schema))
+            if j in keep:
+                kept[j] = tuple(_face_tile(draw_frame(image, [(rows["face"][r], rows["box"][r], rows[a][r]) for r in rs],
+                                                      schema), rows["box"][rs[0]] if rs else None)
+                                for a in ("raw", "smoothed"))
+
     t0 = time.perf_counter()
     n = 0
+    spent_on: list[float] = []  # seconds per frame, end to end (decode of the next frame included)
+    last = t0
     try:
         frames = frames_of(cap)
         if progress:
@@ -88,25 +124,27 @@ def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, 
         for i, frame in enumerate(frames):
             t = i / fps
             active = tracker.step(i, t, frame)
+            these = []
             for tr in active:
+                these.append(len(rows["frame"]))
+                track_rows.setdefault(tr.id, []).append(len(rows["frame"]))
                 rows["frame"].append(i)
                 rows["time"].append(t)
                 rows["face"].append(tr.id)
                 rows["raw"].append(tr.points)
-                rows["smoothed"].append(tr.smoothed)
+                rows["smoothed"].append(tr.smoothed if smoother is not None else None)
                 rows["side"].append(float(max(tr.box[2], tr.box[3])))
                 rows["box"].append(tr.box.copy())
-            if writer is not None:
-                shown = [(tr.id, tr.box, tr.smoothed if smooth else tr.points) for tr in active]
-                writer.write(draw_frame(frame, shown, schema))
-            if i in keep:
-                kept[i] = tuple(_face_tile(draw_frame(frame, [(tr.id, tr.box, getattr(tr, a)) for tr in active],
-                                                      schema), active[0].box if active else None)
-                                for a in ("points", "smoothed"))
+            pending.append((i, frame, these))
+            settle(i, {tr.id for tr in active})
             n = i + 1
+            now = time.perf_counter()
+            spent_on.append(now - last)
+            last = now
         if n == 0:
             raise PipelineError(src, "no frame could be decoded")
         tracker.close_all()
+        settle(n, set())
         if writer is not None:
             writer.publish()
     except BaseException:
@@ -118,6 +156,7 @@ def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, 
     spent = time.perf_counter() - t0
     k = schema.k
     out = {"fps": fps, "frames": n, "seconds": spent, "detections": tracker.detections, "kept": kept,
+           "frame_seconds": np.asarray(spent_on), "eyes": schema.eyes,
            "tracks": [{"id": t.id, "first_frame": t.first_frame, "last_frame": t.last_frame, "end": t.end}
                       for t in sorted(tracker.closed, key=lambda t: t.id)]}
     out["frame"] = np.asarray(rows["frame"], dtype=np.int64)
@@ -163,16 +202,49 @@ def run_predict_video(cfg: dict, src: str, checkpoints: Sequence[str], out: str 
         frames = sorted(res["kept"])
         tiles = [put_label(res["kept"][i][row].copy(), f"frame {i} {name}")
                  for row, name in ((0, "raw"), (1, "smoothed")) for i in frames]
-        write_png(strip, contact_sheet(tiles, cols=len(frames), title=f"{src_path.name}: raw (top) vs smoothed "
-                                       f"(One Euro, min_cutoff {vcfg['min_cutoff']:g}, beta {vcfg['beta']:g})"))
+        how = (f"local quadratic over +-{vcfg['half_window_s']:g} s" if vcfg["filter"] == "poly" else
+               f"One Euro, min_cutoff {vcfg['min_cutoff']:g}, beta {vcfg['beta']:g}")
+        write_png(strip, contact_sheet(tiles, cols=len(frames), title=f"{src_path.name}: raw (top) vs smoothed ({how})"))
     res.update(out=str(out_path), csv=str(csv_path) if csv_path else None, smooth=vcfg["smooth"])
-    log.info("%s: %d frames, %d track(s), detector on %d frame(s), %.1f frames/s end to end -> %s",
-             src, res["frames"], len(res["tracks"]), res["detections"], res["frames"] / max(res["seconds"], 1e-9),
-             out_path)
+    res["stats"] = clip_stats(res, expected_faces=vcfg["max_faces"])
+    log.info("%s -> %s", format_clip_stats(str(src), res["stats"]), out_path)
     return res
 
 
 # ------------------------------------------------------------------------------ measuring
+
+def clip_stats(res: dict, smoothed: np.ndarray | None = None, expected_faces: int = 0) -> dict[str, Any]:
+    """What a `track_video` run on footage without truth can say about itself: tracks, id
+    switches and frames with more faces than expected (pipeline/keypoints/temporal.py),
+    frames/s per second of the clip (median, slowest), and jitter raw vs smoothed and the
+    smoothing's lag in eye distances (`smoothed`: other smoothed rows than the run's)."""
+    sm = res["smoothed"] if smoothed is None else smoothed
+    out: dict[str, Any] = {"frames": res["frames"], "detections": res["detections"],
+                           **track_summary(res["frame"], res["face"], res["frames"], expected_faces),
+                           "frames_per_s": per_second_rate(res["frame_seconds"], res["fps"])}
+    eyes = res["eyes"]
+    if eyes is None or not len(res["frame"]):
+        return out
+    raw_j = second_difference_jitter(res["frame"], res["face"], res["raw"], res["raw"], eyes)
+    sm_j = second_difference_jitter(res["frame"], res["face"], sm, res["raw"], eyes)
+    out.update(jitter_raw=raw_j, jitter_smoothed=sm_j, jitter_reduction=1 - sm_j / raw_j if raw_j > 0 else float("nan"),
+               lag=lag(res["frame"], res["face"], sm, res["raw"], eyes))
+    return out
+
+
+def format_clip_stats(name: str, st: dict) -> str:
+    """One log line of `clip_stats`."""
+    r = st["frames_per_s"]
+    line = (f"{name}: {st['frames']} frames, {st['tracks']} track(s), {st['id_switches']} id switch(es), "
+            f"{st['extra_face_frames']} frame(s) with more than {st['expected_faces']} face(s), detector on "
+            f"{st['detections']} frame(s); frames/s median {r['median']:.1f}, slowest second "
+            f"{r['slowest_second']} at {r['slowest']:.1f} ({r['ratio']:.2f} x median)")
+    if "jitter_raw" in st:
+        line += (f"; jitter {100 * st['jitter_raw']:.3f}% -> {100 * st['jitter_smoothed']:.3f}% of the eye distance "
+                 f"({-100 * st['jitter_reduction']:+.0f}%), lag {100 * st['lag']['offset']:.3f}%, "
+                 f"{st['lag']['delay']:.0f} frame(s)")
+    return line
+
 
 def _nearest_rows(pred: dict, truth: dict) -> dict[int, int]:
     """truth row -> the predicted row of the same frame nearest to it (mean point distance)."""
@@ -260,10 +332,12 @@ def measure_smoothing(models: Sequence[tuple], vcfg: dict, workdir: str | os.Pat
                           out_mp4=Path(workdir) / f"{kind}_keypoints.mp4")
         out[kind] = {"raw": score_video(_as_pred(res, res["raw"]), truth),
                      "smoothed": score_video(_as_pred(res, res["smoothed"]), truth),
-                     "tracks": len(res["tracks"]), "detections": res["detections"],
+                     "tracks": len(res["tracks"]), "detections": res["detections"], "stats": clip_stats(res),
                      "frames_per_s": res["frames"] / max(res["seconds"], 1e-9)}
     out["frames_per_s"] = out["moving"]["frames_per_s"]
     out["one_euro"] = {k: vcfg[k] for k in ("min_cutoff", "beta", "d_cutoff")}
+    out["filter"] = (f"local quadratic over +-{vcfg['half_window_s']:g} s" if vcfg["filter"] == "poly" else
+                     f"One Euro min_cutoff {vcfg['min_cutoff']:g} beta {vcfg['beta']:g}")
     return out
 
 
@@ -306,3 +380,49 @@ def make_test_video_cmd(out, n_frames, fps, still, seed, photo, xml, face):
     mp4, truth = make_test_video(out, n_frames, fps, not still, seed, photo, xml, face)
     click.echo(f"wrote {mp4} and {truth}")
 
+
+
+STATS_COLUMNS = ("clip", "frames", "tracks", "id_switches", "extra_face_frames", "detections", "fps_median",
+                 "fps_slowest", "slowest_second", "jitter_raw_pct", "jitter_smoothed_pct", "jitter_reduction_pct",
+                 "lag_offset_pct", "lag_delay_frames")
+
+
+def stats_row(clip: str, st: dict) -> list:
+    r = st["frames_per_s"]
+    return [clip, st["frames"], st["tracks"], st["id_switches"], st["extra_face_frames"], st["detections"],
+            round(r["median"], 2), round(r["slowest"], 2), r["slowest_second"],
+            *(round(100 * st.get(k, float("nan")), 4) for k in ("jitter_raw", "jitter_smoothed", "jitter_reduction")),
+            round(100 * st.get("lag", {}).get("offset", float("nan")), 4), st.get("lag", {}).get("delay", float("nan"))]
+
+
+@click.command("video-stats")
+@click.argument("clips", nargs=-1, required=True)
+@click.option("--checkpoint", "checkpoints", multiple=True, required=True,
+              help="model checkpoint or exported .onnx (repeatable: predictions are averaged)")
+@click.option("--csv", "csv_path", default=None, help="also write the table (one row per clip) to this CSV")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True)
+@config_options
+def video_stats_cmd(clips, checkpoints, csv_path, device, backend, cfg):
+    """Footage without ground truth, measured: per clip, face tracks, id switches, frames with
+    more faces than expected, frames/s (median and slowest second), jitter (mean second
+    difference, % of the eye distance) raw vs smoothed, and the smoothing's lag."""
+    vcfg = dict(cfg["video"])
+    for c in clips:
+        open_video(c)[0].release()  # a bad clip fails before the models load
+    if csv_path:
+        check_output(csv_path)
+    get_detector(vcfg["detector"])
+    dev = resolve_device(device)
+    models = load_models(checkpoints, dev, backend)
+    table = [list(STATS_COLUMNS)]
+    for c in clips:
+        res = track_video(c, models, vcfg, tta=cfg["predict"]["tta"], device=dev, progress=False)
+        st = clip_stats(res, expected_faces=vcfg["max_faces"])
+        log.info("%s", format_clip_stats(c, st))
+        table.append(stats_row(Path(c).name, st))
+    widths = [max(len(str(row[i])) for row in table) for i in range(len(STATS_COLUMNS))]
+    for row in table:
+        click.echo(" ".join(f"{v!s:>{w}}" for v, w in zip(row, widths)))
+    if csv_path:
+        write_csv(csv_path, table)

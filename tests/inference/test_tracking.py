@@ -111,10 +111,11 @@ def test_tracker_ids_stay_stable_and_a_face_that_leaves_is_closed(tpl):
     assert all(np.allclose(frames[i][b_id], scene.truth(i)["b"]) for i in range(12))
     assert not any(b_id in frames[i] for i in range(12, 24))
     assert by_id[b_id].end == "left the picture" and by_id[b_id].last_frame == 11
-    # the detector: frame 0, every 5 frames, at once when b left (12), then every 5 again;
-    # c, in the picture from 14, is found on the next detection frame
-    assert scene.detect_calls == [0, 5, 10, 12, 17, 22]
-    assert by_id[c_id].first_frame == 17 and all(c_id in frames[i] for i in range(17, 24))
+    # the detector: frame 0, every 5 frames, when b left (12) as soon as retry_every (3)
+    # frames have passed since the last run (13), then every 5 again; c, in the picture from
+    # 14, is found on the next detection frame
+    assert scene.detect_calls == [0, 5, 10, 13, 18, 23]
+    assert by_id[c_id].first_frame == 18 and all(c_id in frames[i] for i in range(18, 24))
     assert by_id[a_id].end == by_id[c_id].end == "end of video"
 
 
@@ -153,3 +154,40 @@ def test_a_lost_track_is_found_again_under_its_id(tpl):
     assert scene.detect_calls == [0, 4]
     assert [list(f) for f in frames] == [[0]] * 8
     assert tracker.closed[0].end == "end of video"
+
+
+def test_a_detection_of_the_same_face_at_another_scale_never_starts_a_second_track(tpl):
+    # the detector returns the face twice: its box and a box of 0.6 its side around the face's
+    # centre (a Haar-style second hit on the same face at another scale: IoU 0.36 only)
+    scene = Scene(tpl, {"a": lambda i: (40 + i, 50, 2.0)})
+    detect = scene.detect
+
+    def twice(image):
+        boxes = detect(image)
+        inner = boxes[:, :2] + 0.2 * boxes[:, 2:]
+        return np.concatenate([boxes, np.concatenate([inner, 0.6 * boxes[:, 2:]], axis=1)])
+
+    scene.detect = twice
+    tracker, frames = scene.run(12, detect_every=2)
+    assert [t.id for t in tracker.closed] == [0]
+    assert all(list(f) == [0] for f in frames)
+
+
+def test_a_face_the_model_keeps_losing_costs_a_bounded_number_of_detector_runs(tpl):
+    # a predictor whose keypoints always collapse: the track is lost on every frame, and the
+    # detector (which finds the face every time) runs at most once every retry_every frames
+    scene = Scene(tpl, {"a": lambda i: (30, 40, 1.0)})
+    predict = scene.predict
+    scene.predict = lambda image, boxes: predict(image, boxes) * 0.1 + 5
+    tracker, frames = scene.run(30, detect_every=10, retry_every=4)
+    gaps = np.diff(scene.detect_calls)
+    assert len(scene.detect_calls) >= 5 and gaps.min() >= 4  # 30 frames: 0, 4, 8, ... at most
+    assert all(frames)  # a lost track keeps its last good box and its id in between
+    assert {t.id for t in tracker.closed} == {0}
+
+
+def test_an_empty_picture_runs_the_detector_every_retry_every_frames(tpl):
+    scene = Scene(tpl, {"a": lambda i: (30, 40, 1.0) if i >= 7 else None})
+    _, frames = scene.run(12, detect_every=10, retry_every=3)
+    assert scene.detect_calls == [0, 3, 6, 9]
+    assert not any(frames[i] for i in range(9)) and all(0 in frames[i] for i in range(9, 12))
