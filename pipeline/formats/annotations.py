@@ -342,7 +342,7 @@ def crop_faces(faces: list[Face], root: str | os.PathLike, size: int, expand: fl
     # the bar only on a terminal (disable=None): logs and CI output stay clean
     bar = tqdm(results, total=len(jobs), desc=f"crop {Path(source).name}".strip(), unit="img",
                disable=None if progress else True, leave=False)
-    for (rel, idx), res in zip(jobs, bar):
+    for (_rel, idx), res in zip(jobs, bar):
         if res[0] == "error":
             _, path, problem, where = res
             with warnings.catch_warnings():  # joblib warns about the photos it now drops

@@ -162,7 +162,7 @@ def test_no_param_named_size_or_nfiles():
     bad = [k for k in DEFAULTS_FLAT if k.split(".")[-1] in ("size", "nfiles")]
     assert not bad
     for path in [REPO / "params.yaml", *sorted((REPO / "recipes").glob("*.yaml"))]:
-        def walk(d, prefix=""):
+        def walk(d, prefix="", path=path):
             for k, v in d.items():
                 assert k not in ("size", "nfiles"), f"{path}: {prefix}{k}"
                 if isinstance(v, dict):
