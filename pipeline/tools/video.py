@@ -70,7 +70,9 @@ def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, 
     def predict(image, boxes):
         return predict_boxes(image, boxes, models, tta, device)
 
-    smoother = (lambda: OneEuroFilter(vcfg["min_cutoff"], vcfg["beta"], vcfg["d_cutoff"]))
+    def smoother():
+        return OneEuroFilter(vcfg["min_cutoff"], vcfg["beta"], vcfg["d_cutoff"])
+
     tracker = FaceTracker(detect, predict, box_from_points=box_constants(vcfg), detect_every=vcfg["detect_every"],
                           match_iou=vcfg["match_iou"], min_visible=vcfg["min_visible"],
                           max_missed=vcfg["max_missed"], max_faces=vcfg["max_faces"], smoother=smoother)
