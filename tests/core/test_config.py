@@ -81,6 +81,13 @@ def test_parse_override_nested_and_malformed():
         parse_override("novalue")
 
 
+def test_parse_override_control_character_is_a_pipeline_error():
+    """YAML's ReaderError (a control character) carries no `problem`: still a one-line
+    PipelineError naming --set, not an AttributeError."""
+    with pytest.raises(PipelineError, match=r"--set: cannot parse value of 'a': unacceptable character"):
+        parse_override("a=\x07")
+
+
 def test_write_resolved_only_named_sections(tmp_path):
     cfg = load_config(None, ["train.epochs=7"])
     path = write_resolved(cfg, tmp_path, ["train"])
