@@ -262,7 +262,8 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     if img.dtype == np.uint16:
         img = (img / 257.0).round().astype(np.uint8)
     elif img.dtype != np.uint8:
-        img = cv2.normalize(img, None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
+        # dst=None allocates the output; cv2's stubs want an array there
+        img = cv2.normalize(img, None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)  # type: ignore[call-overload]
     if img.ndim == 2:
         return cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
     if img.shape[2] == 4:
