@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import click
 import cv2
@@ -54,7 +54,7 @@ def _face_tile(image: np.ndarray, box: np.ndarray | None, side: int = 144) -> np
 
 def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, tta: str = "flip", device=None,
                 out_mp4: str | os.PathLike | None = None, smooth: bool = True, progress: bool = True,
-                detect=None, keep: Sequence[int] = ()) -> dict[str, Any]:
+                detect=None, keep: Iterable[int] = ()) -> dict[str, Any]:
     """Keypoints of every face on every frame of `src` (tracked, see pipeline/inference/tracking.py),
     optionally drawn into `out_mp4`. Returns rows (frame, time, face, raw points, smoothed
     points, box side) as arrays, the video's fps and frame count, closed tracks, the number
@@ -79,12 +79,12 @@ def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, 
     cap, fps, declared = open_video(src)
     rows: dict[str, list] = {"frame": [], "time": [], "face": [], "raw": [], "smoothed": [], "side": [], "box": []}
     writer = AtomicVideoWriter(out_mp4, fps) if out_mp4 is not None else None
-    kept: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+    kept: dict[int, tuple[np.ndarray, ...]] = {}  # frame -> (raw, smoothed)
     keep = set(keep)
     t0 = time.perf_counter()
     n = 0
     try:
-        frames = frames_of(cap)
+        frames: Iterable[np.ndarray] = frames_of(cap)
         if progress:
             frames = tqdm(frames, total=declared or None, desc="predict-video", unit="frame")
         for i, frame in enumerate(frames):
@@ -100,7 +100,8 @@ def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, 
                 rows["box"].append(tr.box.copy())
             if writer is not None:
                 shown = [(tr.id, tr.box, tr.smoothed if smooth else tr.points) for tr in active]
-                writer.write(draw_frame(frame, shown, schema))
+                # step() has set the points (and smoothed points) of every active track
+                writer.write(draw_frame(frame, shown, schema))  # type: ignore[arg-type]
             if i in keep:
                 kept[i] = tuple(_face_tile(draw_frame(frame, [(tr.id, tr.box, getattr(tr, a)) for tr in active],
                                                       schema), active[0].box if active else None)
