@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # `torch` would download GBs); override on a GPU node: make TORCH_PINS=
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: venv repro test bench gpu-check clean
+.PHONY: venv repro lint test bench gpu-check clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -22,7 +22,13 @@ repro: venv
 	$(if $(RECIPE),cp $(RECIPE) params.yaml)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro
 
-test: venv
+# ruff (pyflakes, bugbear, import order, pycodestyle) and mypy, configured in pyproject.toml;
+# cheap next to pytest, so `make test` (and CI) runs them first
+lint: venv
+	$(BIN)/ruff check pipeline tests
+	$(BIN)/mypy pipeline
+
+test: lint
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/python -m pytest -q
 
 bench: venv

@@ -331,8 +331,9 @@ def parse_override(text: str) -> dict:
     key, raw = text.split("=", 1)
     try:
         value = yaml.safe_load(raw) if raw != "" else ""
-    except yaml.YAMLError as e:
-        raise PipelineError("--set", f"cannot parse value of '{key}': {e.problem}") from None
+    except yaml.YAMLError as e:  # ReaderError (a control character) has no .problem, only a message
+        problem = e.problem if isinstance(e, yaml.MarkedYAMLError) else str(e).splitlines()[0]
+        raise PipelineError("--set", f"cannot parse value of '{key}': {problem}") from None
     if isinstance(value, str):
         try:  # YAML 1.1 reads '1e30' as a string; on the command line it means a number
             value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "+inf") else value

@@ -143,6 +143,8 @@ def _dlib() -> Callable[[np.ndarray], np.ndarray]:
 class Detector:
     """`detector(image)` -> (boxes in the training convention (M, 4), raw boxes (M, 4))."""
 
+    raw: Callable[[np.ndarray], np.ndarray]
+
     def __init__(self, name: str):
         self.name = name
         self.description = DESCRIPTION[name]

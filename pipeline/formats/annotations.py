@@ -262,7 +262,8 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     if img.dtype == np.uint16:
         img = (img / 257.0).round().astype(np.uint8)
     elif img.dtype != np.uint8:
-        img = cv2.normalize(img, None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)
+        # dst=None allocates the output; cv2's stubs want an array there
+        img = cv2.normalize(img, None, 0, 255, cv2.NORM_MINMAX).astype(np.uint8)  # type: ignore[call-overload]
     if img.ndim == 2:
         return cv2.cvtColor(img, cv2.COLOR_GRAY2RGB)
     if img.shape[2] == 4:
@@ -342,7 +343,7 @@ def crop_faces(faces: list[Face], root: str | os.PathLike, size: int, expand: fl
     # the bar only on a terminal (disable=None): logs and CI output stay clean
     bar = tqdm(results, total=len(jobs), desc=f"crop {Path(source).name}".strip(), unit="img",
                disable=None if progress else True, leave=False)
-    for (rel, idx), res in zip(jobs, bar):
+    for (_rel, idx), res in zip(jobs, bar):
         if res[0] == "error":
             _, path, problem, where = res
             with warnings.catch_warnings():  # joblib warns about the photos it now drops

@@ -81,7 +81,7 @@ def checkpoint_crop(ckpt: dict[str, Any], where: str | os.PathLike | None = None
     `ckpt["crop"]` is stamped at training from the cache the model actually saw (the params
     it was trained with may name another size than that cache). An exported model's JSON
     carries the same "crop" key."""
-    geo = ckpt.get("crop")
+    geo: Any = ckpt.get("crop")  # anything a file holds: checked below
     try:
         size, expand = int(geo["size"]), float(geo["expand"])
     except (TypeError, KeyError, ValueError):

@@ -58,7 +58,8 @@ def lzw_encode(indices: np.ndarray | bytes, min_code_size: int = 8) -> bytes:
             acc >>= 8
             nbits -= 8
 
-    width, next_code, table = min_code_size + 1, eoi + 1, {}
+    table: dict[int, int] = {}  # (prefix code << 8) | byte -> code
+    width, next_code = min_code_size + 1, eoi + 1
     emit(clear, width)
     if data:
         prefix = data[0]

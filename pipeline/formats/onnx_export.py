@@ -58,7 +58,8 @@ class _Exportable(torch.nn.Module):
         self.maps = hasattr(model, "forward_maps")
 
     def forward(self, x):
-        return self.model.forward_maps(x) if self.maps else self.model(x)
+        # nn.Module attributes are typed Tensor | Module; forward_maps is a method (checked in __init__)
+        return self.model.forward_maps(x) if self.maps else self.model(x)  # type: ignore[operator]
 
 
 def onnx_bytes(model: torch.nn.Module, input_size: int, in_chans: int, opset: int = OPSET) -> bytes:
@@ -74,7 +75,9 @@ def onnx_bytes(model: torch.nn.Module, input_size: int, in_chans: int, opset: in
     buf = io.BytesIO()
     with warnings.catch_warnings(), torch.no_grad():
         warnings.simplefilter("ignore")  # tracer / legacy-exporter warnings are about the above
-        torch.onnx.export(wrapped, (dummy,), buf, dynamo=False, input_names=[INPUT], output_names=outputs,
+        # the TorchScript exporter writes to a file object too; torch types `f` as a path only
+        torch.onnx.export(wrapped, (dummy,), buf,  # type: ignore[arg-type]
+                          dynamo=False, input_names=[INPUT], output_names=outputs,
                           dynamic_axes=axes, opset_version=opset, do_constant_folding=True)
     return buf.getvalue()
 

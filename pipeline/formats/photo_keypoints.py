@@ -37,7 +37,7 @@ def header(k: int) -> list[str]:
 def write_photo_keypoints_csv(path: str | os.PathLike, photos: Iterable[tuple[str, Any, Any]], k: int) -> Path:
     """One row per face of photos [(image, boxes (F, 4), points (F, K, 2))], written atomically;
     `k` names the columns when no photo has a face."""
-    rows = [header(k)]
+    rows: list[list] = [header(k)]
     for image, boxes, points in photos:
         for j, (b, p) in enumerate(zip(boxes, points)):
             p = np.asarray(p).reshape(-1)

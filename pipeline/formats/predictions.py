@@ -29,7 +29,7 @@ OOF_KEYS = ("tta", "plain", "fold")
 ID_KEYS = ("face_id", "keypoint_names")
 
 
-def _text(values: Sequence[str]) -> np.ndarray:
+def _text(values: Sequence[str] | np.ndarray) -> np.ndarray:
     # fixed-width unicode, not object: np.load(allow_pickle=False) reads it back
     return np.asarray([str(v) for v in values], dtype=str)
 
@@ -38,12 +38,12 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
     # np.savez to an open file: given a path it appends '.npz' to the temp name ('.npz.tmp'),
     # writes there, and the empty temp would be renamed onto the output
     with atomic_path(path, suffix=".npz") as tmp, open(tmp, "wb") as f:
-        np.savez(f, **arrays)
+        np.savez(f, **arrays)  # type: ignore[arg-type]  # numpy's stubs read ** as allow_pickle
 
 
 def write_test_predictions(path: str | os.PathLike, *, ensemble: np.ndarray, ensemble_raw: np.ndarray,
-                           per_fold: np.ndarray, folds: Sequence[int], bias: np.ndarray, calibrated: bool,
-                           oof_kind: str, face_id: Sequence[str], keypoint_names: Sequence[str]) -> None:
+                           per_fold: np.ndarray, folds: Sequence[int] | np.ndarray, bias: np.ndarray, calibrated: bool,
+                           oof_kind: str, face_id: Sequence[str] | np.ndarray, keypoint_names: Sequence[str]) -> None:
     if oof_kind not in ("tta", "plain"):
         raise ValueError(f"oof_kind must be tta or plain, got {oof_kind!r}")
     _write_npz(Path(path), {"ensemble": ensemble, "ensemble_raw": ensemble_raw, "per_fold": per_fold,
@@ -53,7 +53,7 @@ def write_test_predictions(path: str | os.PathLike, *, ensemble: np.ndarray, ens
 
 
 def write_oof_predictions(path: str | os.PathLike, *, tta: np.ndarray, plain: np.ndarray, fold: np.ndarray,
-                          face_id: Sequence[str], keypoint_names: Sequence[str]) -> None:
+                          face_id: Sequence[str] | np.ndarray, keypoint_names: Sequence[str]) -> None:
     _write_npz(Path(path), {"tta": tta, "plain": plain, "fold": fold, "face_id": _text(face_id),
                             "keypoint_names": _text(keypoint_names)})
 

@@ -62,7 +62,7 @@ class AtomicVideoWriter:
     def write(self, rgb: np.ndarray) -> None:
         if self.vw is None:
             h, w = rgb.shape[:2]
-            self.vw = cv2.VideoWriter(str(self.tmp), cv2.VideoWriter_fourcc(*"mp4v"), self.fps, (w, h))
+            self.vw = cv2.VideoWriter(str(self.tmp), cv2.VideoWriter.fourcc(*"mp4v"), self.fps, (w, h))
             if not self.vw.isOpened():
                 raise PipelineError(self.path, "cv2.VideoWriter cannot write mp4v "
                                                "(OpenCV built without a video backend?)")

@@ -41,7 +41,8 @@ class PhotoReader:
     """Original photos of a cache split, decoded once each."""
 
     def __init__(self, root: str | os.PathLike, source: str | os.PathLike):
-        self.root, self.source, self._cache = Path(root), source, {}
+        self.root, self.source = Path(root), source
+        self._cache: dict[str, np.ndarray] = {}
 
     def __call__(self, rel: str) -> np.ndarray:
         if rel not in self._cache:

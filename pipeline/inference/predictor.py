@@ -73,7 +73,8 @@ class ChannelsLast(nn.Module):
         return self.model(x.contiguous(memory_format=torch.channels_last))
 
     def _forward_maps(self, x: torch.Tensor):
-        return self.model.forward_maps(x.contiguous(memory_format=torch.channels_last))
+        # nn.Module attributes are typed Tensor | Module; bound only when the model has forward_maps
+        return self.model.forward_maps(x.contiguous(memory_format=torch.channels_last))  # type: ignore[operator]
 
 
 def prepare_torch(model: nn.Module) -> nn.Module:

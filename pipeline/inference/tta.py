@@ -5,7 +5,7 @@ check, bench and the image tools."""
 
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import numpy as np
 import torch
@@ -47,7 +47,7 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
         outs["flip"] = []
     if jitter:
         outs["jitter"] = []
-    starts = range(0, len(faces), batch_size)
+    starts: Iterable[int] = range(0, len(faces), batch_size)
     if progress:
         starts = tqdm(starts, desc="predict", unit="batch", leave=False)
     for s in starts:

@@ -12,7 +12,7 @@ import cv2
 import numpy as np
 
 
-def crop_transform(box: tuple[float, float, float, float], expand: float, size: int) -> np.ndarray:
+def crop_transform(box: Sequence[float] | np.ndarray, expand: float, size: int) -> np.ndarray:
     """(2, 3) affine crop pixel -> original pixel for a square crop of side max(w, h) * expand
     centred on the box. Pixel centres at integers: crop pixel u covers the original interval
     [E + u*s, E + (u+1)*s) in edge coordinates, so x = E + (u + 0.5) * s - 0.5."""

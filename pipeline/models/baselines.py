@@ -81,7 +81,7 @@ class VGGSeed(nn.Module):
         return self.head(self.fc(x), input_hw)  # (B, K, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x), tuple(x.shape[-2:]))
+        return self.forward_head(self.forward_features(x), (x.shape[-2], x.shape[-1]))
 
 
 class ResNet50FC(nn.Module):
@@ -109,7 +109,7 @@ class ResNet50FC(nn.Module):
         return self.head(x, input_hw)  # (B, K, 2)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.forward_head(self.forward_features(x), tuple(x.shape[-2:]))
+        return self.forward_head(self.forward_features(x), (x.shape[-2], x.shape[-1]))
 
 
 @register_model(input_size=224)

@@ -66,6 +66,8 @@ class BlurPool2d(nn.Module):
         k = (k[:, None] * k[None, :]) / 16.0  # (3, 3), sums to 1
         self.register_buffer("filt", k.expand(channels, 1, 3, 3).contiguous(), persistent=False)
 
+    filt: torch.Tensor  # (C, 1, 3, 3) buffer
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
             x = reflect_pad1(x)

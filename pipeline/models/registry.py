@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, TypeVar
 
 import torch
 from torch import nn
@@ -62,7 +62,10 @@ def _plain(v: Any) -> Any:
     return v
 
 
-def build_preset(cls: type[nn.Module], defaults: dict[str, Any], kwargs: dict[str, Any]) -> nn.Module:
+M = TypeVar("M", bound=nn.Module)
+
+
+def build_preset(cls: type[M], defaults: dict[str, Any], kwargs: dict[str, Any]) -> M:
     """cls(**fixed, **defaults overridden by the user's options); rejects options the
     constructor does not take. The resolved options (constructor defaults, then preset
     defaults, then the user's) land on `model.options`, so the config records the full
@@ -111,7 +114,8 @@ def create_model(preset: str, num_keypoints: int, in_chans: int = 3, input_size:
         raise PipelineError(e.path, f"model preset '{preset}': {e.problem}", e.where) from None
     except (TypeError, ValueError) as e:
         raise PipelineError(None, f"model preset '{preset}': bad option value in {options}: {e}") from None
-    model.config = {"preset": preset, "num_keypoints": num_keypoints, "in_chans": in_chans,
+    # a plain attribute; nn.Module types its attributes Tensor | Module
+    model.config = {"preset": preset, "num_keypoints": num_keypoints, "in_chans": in_chans,  # type: ignore[assignment]
                     "input_size": input_size, "options": getattr(model, "options", {})}
     return model
 
@@ -147,7 +151,7 @@ def model_flops(model: nn.Module, input_size: int, in_chans: int = 3) -> float:
     counting a 224 px ResUNet-72 is instant even on a CPU."""
     if hasattr(model, "config"):
         with torch.device("meta"):
-            meta = build_model(model.config)
+            meta = build_model(model.config)  # type: ignore[arg-type]  # the dict set by create_model
     else:
         meta = copy.deepcopy(model).to("meta")
     meta.eval()

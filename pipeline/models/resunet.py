@@ -54,7 +54,7 @@ class BasicBlock(nn.Module):
         if zero_init_last:
             # Bag of Tricks "zero gamma": every block starts as the identity, so a deep
             # net trains like a shallow one at first
-            nn.init.zeros_(self.conv2.bn.weight)
+            nn.init.zeros_(self.conv2.bn.weight)  # type: ignore[arg-type]  # a norm layer's weight: a Tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shortcut = x if self.downsample is None else self.downsample(x)
@@ -78,7 +78,7 @@ class Bottleneck(nn.Module):
         self.downsample = downsample
         self.act = act_layer(inplace=True)
         if zero_init_last:
-            nn.init.zeros_(self.conv3.bn.weight)
+            nn.init.zeros_(self.conv3.bn.weight)  # type: ignore[arg-type]  # a norm layer's weight: a Tensor
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shortcut = x if self.downsample is None else self.downsample(x)
@@ -86,17 +86,18 @@ class Bottleneck(nn.Module):
         return self.act(x + shortcut)
 
 
-BLOCKS: dict[str, type[nn.Module]] = {"basic": BasicBlock, "bottleneck": Bottleneck}
+BlockType = type[BasicBlock] | type[Bottleneck]
+BLOCKS: dict[str, BlockType] = {"basic": BasicBlock, "bottleneck": Bottleneck}
 
 
-def get_block(name: str) -> type[nn.Module]:
+def get_block(name: str) -> BlockType:
     try:
         return BLOCKS[name]
     except (KeyError, TypeError):
         raise PipelineError(None, f"unknown block '{name}' (known: {', '.join(BLOCKS)})") from None
 
 
-def make_stages(block_fn: type[nn.Module], depths: Sequence[int], planes: Sequence[int], in_chs: int, *,
+def make_stages(block_fn: BlockType, depths: Sequence[int], planes: Sequence[int], in_chs: int, *,
                 strides: Sequence[int] = (1, 2, 2, 2), blurpool: bool = True,
                 act_layer: LayerType = nn.ReLU, norm_layer: LayerType = nn.BatchNorm2d,
                 zero_init_last: bool = True) -> tuple[nn.Sequential, list[int]]:
@@ -145,8 +146,8 @@ class UpConv(nn.Module):
                  norm_layer: LayerType = nn.BatchNorm2d):
         super().__init__()
         if mode == "deconv":
-            self.up = nn.Identity()
-            self.conv = nn.ConvTranspose2d(in_chs, out_chs, 2, 2, bias=False)
+            self.up: nn.Module = nn.Identity()
+            self.conv: nn.Module = nn.ConvTranspose2d(in_chs, out_chs, 2, 2, bias=False)
         elif mode == "bilinear":
             self.up = nn.Upsample(scale_factor=2, mode="bilinear", align_corners=False)
             self.conv = nn.Conv2d(in_chs, out_chs, 3, padding=1, bias=False)
@@ -163,7 +164,7 @@ class DecoderBlock(nn.Module):
     """One U-Net level: up x2, concatenate the encoder feature of that resolution, then a
     residual block (its 1x1 projection shortcut matches the concatenated width)."""
 
-    def __init__(self, in_chs: int, skip_chs: int, out_chs: int, block_fn: type[nn.Module], *,
+    def __init__(self, in_chs: int, skip_chs: int, out_chs: int, block_fn: BlockType, *,
                  upsample: str = "deconv", act_layer: LayerType = nn.ReLU,
                  norm_layer: LayerType = nn.BatchNorm2d, zero_init_last: bool = True):
         super().__init__()
@@ -271,7 +272,7 @@ class ResUNet(nn.Module):
         return self.head(x, input_hw)
 
     def forward_maps(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.forward_head(self.forward_decoder(self.forward_features(x)), tuple(x.shape[-2:]))
+        return self.forward_head(self.forward_decoder(self.forward_features(x)), (x.shape[-2], x.shape[-1]))
 
     def forward(self, x: torch.Tensor, return_maps: bool = False):
         """(B, K, 2) input px; with return_maps also the soft-argmax maps (B, K, h, w)

@@ -63,7 +63,8 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = CACHE_DIR) -> dict[str, int
         for name, (xml, _) in splits.items():
             (tmp / name).mkdir()
             write_resolved(cfg, tmp / name, ["data", "crop"])  # before the split's info.json marks it complete
-            write_cache_split(tmp / name, faces[name], *crops[name], schema, xml, ccfg["side"], ccfg["expand"],
+            arr, to_orig, sizes = crops[name]
+            write_cache_split(tmp / name, faces[name], arr, to_orig, sizes, schema, xml, ccfg["side"], ccfg["expand"],
                               float(dcfg["label_origin"]), run)
             kill_point(f"crop:{name}")  # tests only (pipeline/core/faults.py)
         write_resolved(cfg, tmp, ["data", "crop"])

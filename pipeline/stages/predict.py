@@ -69,8 +69,10 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     # OOF bias calibration: the per-keypoint mean OOF residual of the predictions of the
     # kind the test set gets (with or without flip TTA)
     oof_kind = oof["tta"] if pcfg["tta"] == "flip" else oof["plain"]
-    bias = keypoint_bias(oof_kind, train.keypoints_orig)  # (K, 2)
-    calibrated = should_calibrate(pcfg["calibrate"], oof_kind, train.keypoints_orig)
+    truth = train.keypoints_orig  # (N, K, 2): crop requires the train split's keypoints
+    assert truth is not None
+    bias = keypoint_bias(oof_kind, truth)  # (K, 2)
+    calibrated = should_calibrate(pcfg["calibrate"], oof_kind, truth)
     raw = stack.mean(0)  # (N, K, 2)
     ensemble = raw - bias if calibrated else raw
     names = train.schema.names

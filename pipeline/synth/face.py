@@ -165,7 +165,7 @@ def _draw_face(img: np.ndarray, rng: np.random.Generator, kp: np.ndarray, forehe
     if rng.random() < 0.85:  # skin tones: R > G > B, light to dark
         r = rng.uniform(90, 245)
         g = r * rng.uniform(0.62, 0.88)
-        skin = (g * rng.uniform(0.65, 0.95), g, r)  # BGR
+        skin: tuple[float, ...] = (g * rng.uniform(0.65, 0.95), g, r)  # BGR
     else:  # painted / oddly lit faces
         skin = tuple(float(c) for c in rng.uniform(40, 240, 3))
     dark = tuple(float(c) for c in np.array(skin) * rng.uniform(0.35, 0.6))
@@ -290,7 +290,7 @@ def _finish(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     gx = (np.arange(w, dtype=np.float32) - w / 2) * (math.cos(ang) / max(h, w))
     gy = (np.arange(h, dtype=np.float32) - h / 2) * (math.sin(ang) / max(h, w))
     light = (1.0 + amp * (gy[:, None] + gx[None, :])) * gain
-    f = img.astype(np.float32)
+    f: np.ndarray = img.astype(np.float32)
     f *= light[..., None]
     f += rng.uniform(-25, 25, 3).astype(np.float32)  # colour cast
     if rng.random() < 0.5:
@@ -303,7 +303,7 @@ def _finish(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
         noise = noise[..., 0]
     f += noise * sigma
     np.clip(f, 0, 255, out=f)
-    out = f.astype(np.uint8)
+    out: np.ndarray = f.astype(np.uint8)
     if rng.random() < 0.2:
         out = cv2.cvtColor(out, cv2.COLOR_BGR2GRAY)
     return out

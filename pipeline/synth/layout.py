@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import time
 from pathlib import Path
 
@@ -101,6 +102,7 @@ def _mirror_entry(name: str, data: bytes, boxes: list) -> tuple[str, bytes, list
     and keypoints mirrored (x -> W - 1 - x for pixel centres, box left -> W - left - width)
     and the points renumbered by the flip permutation."""
     img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+    assert img is not None  # bytes this module encoded
     w = img.shape[1]
     ok, buf = cv2.imencode(".jpg", np.ascontiguousarray(img[:, ::-1]), [cv2.IMWRITE_JPEG_QUALITY, 90])
     assert ok
@@ -122,6 +124,7 @@ def _to_300w(seed: int, split: str, plan: list, photos: list[dict]) -> tuple[dic
             data = ph["files"][old]
             if new.endswith(".png"):
                 img = cv2.imdecode(np.frombuffer(data, np.uint8), cv2.IMREAD_UNCHANGED)
+                assert img is not None  # bytes this module encoded
                 ok, buf = cv2.imencode(".png", img)
                 assert ok
                 data = buf.tobytes()
@@ -145,7 +148,7 @@ def _boxes_only(entries: list) -> list:
     return [(file, [(box, None) for box, _ in boxes]) for file, boxes in entries]
 
 
-def generate_demo(out_dir: str | Path, n_train: int = 400, n_test: int = 60, seed: int = 0,
+def generate_demo(out_dir: str | os.PathLike, n_train: int = 400, n_test: int = 60, seed: int = 0,
                   n_jobs: int = 1, layout: str = "flat") -> Path:
     """Write the demo data set to `out_dir` (replaced as a whole: built in a temp folder,
     then renamed into place). Returns out_dir. layout "300w": the full set's folders,

@@ -41,6 +41,7 @@ def source_face(seed: int = 0, photo: int = TEST_PHOTO, xml: str | os.PathLike |
     ph = render_photo(seed, SPLITS["test"], photo, 1, False)
     (name, [(box, kp)]), = ph["entries"]
     bgr = cv2.imdecode(np.frombuffer(ph["files"][name], np.uint8), cv2.IMREAD_COLOR)
+    assert bgr is not None  # bytes render_photo encoded
     return cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB), np.asarray(box, dtype=np.float64), np.asarray(kp, dtype=np.float64)
 
 
@@ -81,13 +82,14 @@ def synthetic_frames(image: np.ndarray, box: np.ndarray, points: np.ndarray, n_f
         a = _compose(path_affine(i / fps, width, height, moving), place)
         frame = cv2.warpAffine(image, a, (width, height), flags=cv2.INTER_AREA if k < 1 else cv2.INTER_LINEAR,
                                borderMode=cv2.BORDER_REPLICATE)
-        f = frame.astype(np.float32) + rng.normal(0, noise, frame.shape).astype(np.float32)
+        f = frame.astype(np.float32) + np.asarray(rng.normal(0, noise, frame.shape), dtype=np.float32)
         frame = np.clip(f, 0, 255).astype(np.uint8)
         ok, buf = cv2.imencode(".jpg", frame, [cv2.IMWRITE_JPEG_QUALITY, int(jpeg_quality)])
         assert ok
-        frame = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+        decoded = cv2.imdecode(buf, cv2.IMREAD_UNCHANGED)
+        assert decoded is not None
         truth = points @ a[:, :2].T + a[:, 2]
-        yield frame, truth
+        yield decoded, truth
 
 
 def make_test_video(out: str | os.PathLike, n_frames: int = 100, fps: float = 25.0, moving: bool = True,

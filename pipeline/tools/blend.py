@@ -25,7 +25,7 @@ import os
 import tempfile
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Mapping, Sequence
 
 import click
 import dvc.api
@@ -155,12 +155,12 @@ def check_sources(sources: Sequence[Source], truth: Truth, cache: str | os.PathL
         if s.per_fold.ndim != 4 or s.per_fold.shape[1:] != (n_test, k, 2) or len(s.per_fold) != len(s.folds):
             raise PipelineError(s.where, f"test.npz 'per_fold' has shape {s.per_fold.shape}, "
                                          f"'folds' {s.folds.shape}")
-        for key, want, split in (("face_id", truth.face_id, "train"), ("test_face_id", truth.test_face_id, "test"),
-                                 ("keypoint_names", np.asarray(truth.names), "schema")):
+        for key, ids, split in (("face_id", truth.face_id, "train"), ("test_face_id", truth.test_face_id, "test"),
+                                ("keypoint_names", np.asarray(truth.names), "schema")):
             got = s.ids[key]
-            if len(got) != len(want) or (np.asarray(got, str) != want).any():
+            if len(got) != len(ids) or (np.asarray(got, str) != ids).any():
                 raise PipelineError(s.where, f"{key.replace('test_', 'test ')} differ from the {split} of "
-                                             f"{cache} ({_first_difference(np.asarray(got, str), want)})")
+                                             f"{cache} ({_first_difference(np.asarray(got, str), ids)})")
         if not np.isfinite(s.test).all():
             raise PipelineError(s.where, "test predictions hold NaN/inf")
 
@@ -214,7 +214,7 @@ def fit_weights(x: np.ndarray, y: np.ndarray) -> np.ndarray:
     return candidates[int(np.argmin(scores))]
 
 
-def group_index(groups: dict[str, Sequence[int]] | None, k: int) -> dict[str, np.ndarray]:
+def group_index(groups: Mapping[str, Sequence[int]] | None, k: int) -> dict[str, np.ndarray]:
     """Keypoint groups to fit separately: the schema's groups (points in none of them form
     'other'), or one group 'all'."""
     if not groups:
@@ -315,8 +315,9 @@ def run_blend(exps: Sequence[str], cache: str | os.PathLike, out_dir: str | os.P
 
     # the leaderboard
     sol = read_solution(solution, n_rows=raw.size).reshape(raw.shape) if solution else None
-    rows, report = [], {"inputs": list(exps), "per_group": per_group, "groups": {g: idx.tolist()
-                                                                                for g, idx in groups.items()}}
+    rows: list[list] = []
+    report: dict[str, Any] = {"inputs": list(exps), "per_group": per_group,
+                              "groups": {g: idx.tolist() for g, idx in groups.items()}}
     entries = [(s.name, s.oof, s.test_final) for s in sources] + [
         ("blend (OOF weights fitted out of fold)", honest, ensemble),
         ("blend, in-sample weights (optimistic)", in_sample, None)]

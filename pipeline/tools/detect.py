@@ -56,8 +56,10 @@ def expand_inputs(args: Sequence[str]) -> list[Path]:
         else:
             found = [p]
         out += found
-    seen: set[Path] = set()
-    return [p for p in out if not (p.resolve() in seen or seen.add(p.resolve()))]
+    first: dict[Path, Path] = {}  # resolved -> the first path given for it
+    for p in out:
+        first.setdefault(p.resolve(), p)
+    return list(first.values())
 
 
 def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir: str, tta: str = "flip",

@@ -72,8 +72,9 @@ def demo_crops(size: int, n: int = 8, seed: int = 0, expand: float = 1.25) -> np
     for photo in range(n):
         r = render_photo(seed, 1, photo, 1, False)
         (file, [(box, _)]), = r["entries"]
-        image = cv2.cvtColor(cv2.imdecode(np.frombuffer(r["files"][file], np.uint8), cv2.IMREAD_COLOR),
-                             cv2.COLOR_BGR2RGB)
+        bgr = cv2.imdecode(np.frombuffer(r["files"][file], np.uint8), cv2.IMREAD_COLOR)
+        assert bgr is not None  # bytes render_photo encoded
+        image = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
         crops.append(crop_one(image, crop_transform(box, expand, size), size))
     return np.stack(crops)
 

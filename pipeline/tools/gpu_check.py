@@ -96,7 +96,8 @@ class Context:
     """What every check reads: the device, the sizes, the work folder, the demo data."""
 
     def __init__(self, out: Path, cpu: bool):
-        self.cpu, self.size = cpu, (CPU_DRY if cpu else GPU)
+        self.cpu = cpu
+        self.size: dict[str, Any] = CPU_DRY if cpu else GPU  # mixed value types
         if not cpu and not torch.cuda.is_available():
             raise PipelineError("gpu-check", f"no usable CUDA device (torch {torch.__version__}, built for CUDA "
                                              f"{torch.version.cuda}): run it on a GPU machine, or `--cpu` for a dry "
@@ -315,7 +316,7 @@ class _LogCapture(logging.Handler):
 
     def __init__(self, name: str):
         super().__init__(logging.INFO)
-        self.logger, self.lines = logging.getLogger(name), []
+        self.logger, self.lines = logging.getLogger(name), list[str]()
 
     def emit(self, record):
         self.lines.append(record.getMessage())

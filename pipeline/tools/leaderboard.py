@@ -59,7 +59,7 @@ def fold_rows(oof: dict) -> list[list[Any]]:
 
 
 def read_history(path: Path) -> list[dict]:
-    rows = []
+    rows: list[dict] = []
     if not path.exists():
         return rows
     for i, line in enumerate(path.read_text().splitlines(), 1):
@@ -106,8 +106,8 @@ def dvc_experiments(summary_path: str = "metrics/summary.json", timeout: float =
     or there are none."""
     if importlib.util.find_spec("dvc") is not None:
         cmd = [sys.executable, "-m", "dvc"]
-    elif shutil.which("dvc"):
-        cmd = [shutil.which("dvc")]
+    elif dvc := shutil.which("dvc"):
+        cmd = [dvc]
     else:
         log.info("dvc not installed: DVC experiments skipped")
         return []

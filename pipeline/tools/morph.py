@@ -46,15 +46,15 @@ def delaunay(points: np.ndarray, size: int) -> np.ndarray:
     subdiv = cv2.Subdiv2D((0, 0, size, size))
     for x, y in pts:
         subdiv.insert((float(x), float(y)))
-    tris = []
-    for t in subdiv.getTriangleList().reshape(-1, 3, 2):
+    found = []
+    for t in np.asarray(subdiv.getTriangleList()).reshape(-1, 3, 2):
         if np.any(t < -0.5) or np.any(t > size - 0.5):
             continue  # a triangle on Subdiv2D's virtual outer vertices
         d = np.linalg.norm(pts[None, :, :] - t[:, None, :], axis=-1)  # (3, P)
         idx = d.argmin(1)
         if d[np.arange(3), idx].max() < 1e-2 and len(set(idx.tolist())) == 3:
-            tris.append(sorted(idx.tolist()))
-    tris = np.unique(np.array(tris, dtype=np.int64).reshape(-1, 3), axis=0)
+            found.append(sorted(idx.tolist()))
+    tris = np.unique(np.array(found, dtype=np.int64).reshape(-1, 3), axis=0)
     if not len(tris):
         raise PipelineError(None, "Delaunay triangulation of the keypoints gave no triangle")
     return tris
@@ -91,7 +91,7 @@ def warp_to(src: np.ndarray, src_pts: np.ndarray, dst_pts: np.ndarray, tris: np.
         if not mask.any():
             continue
         # affine from src to the rectangle's own coordinates; warp the whole source
-        m = cv2.getAffineTransform(s, d - np.float32([x0, y0]))
+        m = cv2.getAffineTransform(s, d - np.array([x0, y0], dtype=np.float32))
         patch = cv2.warpAffine(src, m, (x1 - x0, y1 - y0), flags=cv2.INTER_LINEAR,
                                borderMode=cv2.BORDER_REFLECT_101)
         out[y0:y1, x0:x1][mask] = patch[mask]
@@ -118,6 +118,7 @@ def morph_frames(a: np.ndarray, b: np.ndarray, pa: np.ndarray, pb: np.ndarray, n
         wa = warp_to(fa, pa, pt, tris, labels) if t < 1 else None
         wb = warp_to(fb, pb, pt, tris, labels) if t > 0 else None
         f = wa if wb is None else wb if wa is None else (1 - t) * wa + t * wb
+        assert f is not None  # t < 1 or t > 0
         frames.append(np.clip(np.round(f), 0, 255).astype(np.uint8))
     return frames
 

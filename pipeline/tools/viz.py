@@ -56,7 +56,7 @@ DEFAULT_HEATMAP_POINTS = (36, 45, 30, 48, 54)
 # drawing helpers
 
 
-def face_tile(image: np.ndarray, box: Sequence[float], size: int, expand: float = 1.35):
+def face_tile(image: np.ndarray, box: Sequence[float] | np.ndarray, size: int, expand: float = 1.35):
     """A square `size` px view of the photo around the box: (tile RGB, (2, 3) tile->photo affine)."""
     a = crop_transform(box, expand, size)
     return crop_one(image, a, size), a
@@ -205,7 +205,7 @@ def overlay_map(face: np.ndarray, prob: np.ndarray, tile: int, alpha: float = 0.
     """A probability map (H, W) as a colormap over the (grayed) face, both resized to tile."""
     base = cv2.resize(face, (tile, tile), interpolation=cv2.INTER_LINEAR)
     gray = cv2.cvtColor(cv2.cvtColor(base, cv2.COLOR_RGB2GRAY), cv2.COLOR_GRAY2RGB).astype(np.float32) * 0.8
-    p = cv2.resize(prob.astype(np.float32), (tile, tile), interpolation=cv2.INTER_LINEAR)
+    p: np.ndarray = cv2.resize(prob.astype(np.float32), (tile, tile), interpolation=cv2.INTER_LINEAR)
     p = p / max(float(p.max()), 1e-12)
     heat = cv2.cvtColor(cv2.applyColorMap((p * 255).astype(np.uint8), cv2.COLORMAP_JET), cv2.COLOR_BGR2RGB)
     a = (alpha * np.sqrt(np.clip(p, 0, 1)))[..., None]

@@ -142,8 +142,8 @@ def evaluate(model, cache, val_idx: np.ndarray, ckpt_like: dict, batch_size: int
                             batch_size, device, amp=amp, amp_key="train.amp")["final"]
     truth = cache.keypoints_orig[val_idx]
     eyes = cache.schema.eyes
-    return {"mae": float(mae(pred, truth)),
-            "nme": float(nme(pred, truth, eyes)) if eyes is not None else float("nan")}
+    err = nme(pred, truth, eyes)  # None without eyes, or when no face's eye corners are apart
+    return {"mae": float(mae(pred, truth)), "nme": float("nan") if err is None else float(err)}
 
 
 def train_steps(setup, loader, desc: str = "train", progress: bool = True) -> dict[str, float]:

@@ -134,6 +134,8 @@ class KeypointLoss(nn.Module):
     around the target: it keeps the maps compact and unimodal, which the expectation
     alone does not ask for."""
 
+    neighbours: torch.Tensor  # (K, n) long buffer
+
     def __init__(self, kind: str = "l1", structure_lambda: float = 0.2,
                  neighbours: torch.Tensor | np.ndarray | None = None, *, coord_scale: float = 1.0,
                  heatmap_lambda: float = 0.0, heatmap_sigma: float = 1.0):
@@ -172,7 +174,7 @@ class KeypointLoss(nn.Module):
         if self.heatmap_lambda > 0:
             if probs is None or input_hw is None:
                 raise ValueError("heatmap_lambda > 0 needs the soft-argmax maps (a heatmap model)")
-            maps, inside = gaussian_maps(target.float(), tuple(probs.shape[-2:]), tuple(input_hw),
+            maps, inside = gaussian_maps(target.float(), (probs.shape[-2], probs.shape[-1]), (input_hw[0], input_hw[1]),
                                          self.heatmap_sigma)
             js = js_divergence(probs.float(), maps)  # (B, K)
             heat = (js * inside).sum() / inside.sum().clamp_min(1)

@@ -26,7 +26,8 @@ def build_optimizer(model: torch.nn.Module, tcfg: dict[str, Any]) -> torch.optim
     Fused kernels on CUDA: one launch for all parameters, and with a GradScaler the
     inf check and the skipped step stay on the device (the unfused path reads found_inf
     with .item(), a sync every step)."""
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (no_decay if p.ndim <= 1 else decay).append(p)

@@ -105,8 +105,8 @@ def _fast_photometric(a: np.ndarray, op: str, value: float) -> np.ndarray | None
             gray = t.to(torch.float32)
         mean = torch.mean(gray, dim=(-3, -2, -1), keepdim=True)
         f = 1.0 + value
-        lut = _RAMP.mul(f).add_(mean, alpha=1.0 - f).clamp_(0, 255).to(torch.uint8)
-        return _planes_lut(a, lut.numpy().reshape(256))
+        ramp = _RAMP.mul(f).add_(mean, alpha=1.0 - f).clamp_(0, 255).to(torch.uint8)
+        return _planes_lut(a, ramp.numpy().reshape(256))
     if op == "Sharpness":
         h, w = a.shape[-2:]
         if h <= 2 or w <= 2:

@@ -109,7 +109,7 @@ def build_training(cfg: dict, cache, train_idx: np.ndarray, device: torch.device
     if use_compile(tcfg["compile"]):
         # compiled on the first step (and again for an epoch's smaller last batch); the
         # parameters stay the model's, so checkpoints and evaluation use the plain module
-        net = torch.compile(net)
+        net = torch.compile(net)  # type: ignore[assignment]  # of a Module: an OptimizedModule, a Module
     # the average starts from the seeded initial weights (before any step)
     ema = ModelEma(model, tcfg["ema_decay"]) if tcfg["ema_decay"] > 0 else None
     optimizer = build_optimizer(model, tcfg)

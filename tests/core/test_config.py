@@ -81,6 +81,13 @@ def test_parse_override_nested_and_malformed():
         parse_override("novalue")
 
 
+def test_parse_override_control_character_is_a_pipeline_error():
+    """YAML's ReaderError (a control character) carries no `problem`: still a one-line
+    PipelineError naming --set, not an AttributeError."""
+    with pytest.raises(PipelineError, match=r"--set: cannot parse value of 'a': unacceptable character"):
+        parse_override("a=\x07")
+
+
 def test_write_resolved_only_named_sections(tmp_path):
     cfg = load_config(None, ["train.epochs=7"])
     path = write_resolved(cfg, tmp_path, ["train"])
@@ -162,7 +169,7 @@ def test_no_param_named_size_or_nfiles():
     bad = [k for k in DEFAULTS_FLAT if k.split(".")[-1] in ("size", "nfiles")]
     assert not bad
     for path in [REPO / "params.yaml", *sorted((REPO / "recipes").glob("*.yaml"))]:
-        def walk(d, prefix=""):
+        def walk(d, prefix="", path=path):
             for k, v in d.items():
                 assert k not in ("size", "nfiles"), f"{path}: {prefix}{k}"
                 if isinstance(v, dict):
