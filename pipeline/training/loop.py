@@ -143,7 +143,7 @@ def evaluate(model, cache, val_idx: np.ndarray, ckpt_like: dict, batch_size: int
     truth = cache.keypoints_orig[val_idx]
     eyes = cache.schema.eyes
     return {"mae": float(mae(pred, truth)),
-            "nme": float(nme(pred, truth, eyes)) if eyes is not None else float("nan")}
+            "nme": float(nme(pred, truth, eyes, where=cache.path)) if eyes is not None else float("nan")}
 
 
 def train_steps(setup, loader, desc: str = "train", progress: bool = True) -> dict[str, float]:
