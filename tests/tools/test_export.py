@@ -122,7 +122,7 @@ def test_predict_cli_onnx_backend_agrees_with_torch(trained, tiny_workspace, tmp
 
 def test_predict_image_uses_the_checkpoint_crop_and_runs_from_onnx(trained, exported, tiny_workspace, demo_dir,
                                                                   tmp_path, monkeypatch):
-    import pipeline.tools.detect as detect
+    import pipeline.inference.landmarker as landmarker
     from pipeline.formats.annotations import read_image
     from pipeline.formats.cache import load_cache
     from pipeline.inference.tta import predict_original
@@ -133,7 +133,7 @@ def test_predict_image_uses_the_checkpoint_crop_and_runs_from_onnx(trained, expo
     photo = demo_dir / row.image
     box = np.array([[row.box_left, row.box_top, row.box_width, row.box_height]], dtype=np.float64)
     # the detector is not under test here: it returns the face's own box
-    monkeypatch.setattr(detect, "locate_faces", lambda image, max_faces=0, detector=None: (box, box))
+    monkeypatch.setattr(landmarker, "locate_faces", lambda image, max_faces=0, detector=None: (box, box))
     image = read_image(photo)
     model, ckpt = load_model(trained, "cpu")
 
