@@ -410,6 +410,17 @@ def write_resolved(cfg: dict, out_dir: str | os.PathLike, sections: Iterable[str
     return out
 
 
+def read_resolved(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
+    """A file `write_resolved` wrote: {section: {key: value}}."""
+    try:
+        loaded = yaml.safe_load(Path(path).read_text())
+    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
+        raise PipelineError(path, f"not a readable params file ({type(e).__name__})") from None
+    if not isinstance(loaded, dict) or not all(isinstance(v, dict) for v in loaded.values()):
+        raise PipelineError(path, "not a resolved params file (expects sections of key: value)")
+    return loaded
+
+
 def config_options(fn):
     """Add `--params PATH` and repeatable `--set key=value`, and pass the resolved `cfg`."""
 

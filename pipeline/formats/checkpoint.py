@@ -74,6 +74,13 @@ def load_model(path: str | os.PathLike, device: str | torch.device = "cpu", sche
     return model.to(device).eval(), ckpt
 
 
+def crop_stamp(size: int, expand: float, label_origin: float) -> dict[str, Any]:
+    """A checkpoint's (or exported model's) "crop": the geometry of the face crops its model
+    was trained on and the labels' pixel origin, the single writer of what `checkpoint_crop`
+    and `checkpoint_label_origin` read."""
+    return {"size": int(size), "expand": float(expand), "label_origin": float(label_origin)}
+
+
 def checkpoint_crop(ckpt: dict[str, Any], where: str | os.PathLike | None = None) -> tuple[int, float]:
     """(crop size, crop expand) the checkpoint's model was trained on: the single reader of
     a checkpoint's crop geometry (predict, predict-image, heatmaps, morph, bench, export).

@@ -27,7 +27,7 @@ import torch
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import input_file
-from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_label_origin
+from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_label_origin, crop_stamp
 from pipeline.keypoints.preprocess import MEAN, STD
 
 FORMAT = 1  # bump when the JSON or the graph contract changes
@@ -104,7 +104,7 @@ def export_meta(ckpt: dict[str, Any], onnx_data: bytes, source: str | os.PathLik
                   "color": "RGB" if c == 3 else "gray (BT.601 luma of RGB)"},
         "normalisation": {"formula": "(u8 / 255 - mean) / std", "mean": mean, "std": std},
         "outputs": outputs,
-        "crop": {"size": crop_size, "expand": expand, "label_origin": checkpoint_label_origin(ckpt),
+        "crop": {**crop_stamp(crop_size, expand, checkpoint_label_origin(ckpt)),
                  "how": "square crop of side expand * max(box w, h) about the box centre, resampled to "
                         "size x size (pipeline.keypoints.geometry.crop_transform / crop_one), then resized size -> "
                         "input size with antialiased bilinear (align_corners=False); back to crop px: "

@@ -9,8 +9,8 @@ prediction code reads (model_config, schema, crop, epoch).
   file, or of a `.pt` checkpoint: its exported twin `<name>.onnx` beside it when that was
   exported from this very checkpoint (sha256 in the JSON), else exported in memory.
 
-`load_models` loads several checkpoints that must share a schema (the image tools), and
-`predict_xml` predicts any test XML with any checkpoints (`pipeline submit --xml`)."""
+Several checkpoints together (crops, TTA, the fold ensemble, calibration) are a
+`pipeline.inference.landmarker.Landmarker`."""
 
 from __future__ import annotations
 
@@ -18,21 +18,16 @@ import copy
 import logging
 import os
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
-import numpy as np
 import torch
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
-from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
-from pipeline.formats.annotations import crop_faces, load_xml
-from pipeline.formats.checkpoint import checkpoint_crop, load_model
+from pipeline.formats.checkpoint import load_model
 from pipeline.formats.onnx_export import export_meta, json_path, onnx_bytes, read_export, sha256_file
 from pipeline.inference.onnx_runtime import OnnxModel, load_onnx, onnx_available
-from pipeline.inference.tta import predict_original
-from pipeline.keypoints.schema import get_schema, schema_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -122,42 +117,3 @@ def load_predictor(path: str | os.PathLike, backend: str | None = "torch", devic
     data = onnx_bytes(model, int(cfg["input_size"]), int(cfg["in_chans"]))
     meta = export_meta(ckpt, data, path, hasattr(model, "forward_maps"))
     return OnnxModel(data, cfg, threads), meta
-
-
-def crops_for_checkpoint(faces: list, xml_path: str | os.PathLike, ckpt: dict, path: str | os.PathLike,
-                         n_jobs: int, by_geometry: dict[tuple, tuple]) -> tuple[np.ndarray, np.ndarray]:
-    """(crops, crop_to_orig) of the XML's faces cropped as `ckpt` was trained (its crop
-    side and expand); `by_geometry` keeps them for the next checkpoint of the same geometry."""
-    key = checkpoint_crop(ckpt, path)
-    if key not in by_geometry:
-        by_geometry[key] = crop_faces(faces, Path(xml_path).parent, key[0], key[1], n_jobs, xml_path)
-    return by_geometry[key]
-
-
-def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.PathLike],
-                predict_cfg: dict, data_cfg: dict, crop_cfg: dict, backend: str = "torch") -> np.ndarray:
-    """Predict any test XML with any checkpoints: (N, K, 2) original pixels, fold-averaged."""
-    if not checkpoints:
-        raise PipelineError(xml_path, "no checkpoints given")
-    schema = get_schema(data_cfg)
-    faces = load_xml(xml_path, schema, require_parts=False)
-    device = resolve_device(predict_cfg["device"])
-    by_geometry: dict[tuple, tuple] = {}
-    preds = []
-    for path in checkpoints:
-        model, ckpt = load_predictor(path, backend, device, schema=schema)
-        crops, crop_to_orig = crops_for_checkpoint(faces, xml_path, ckpt, path, crop_cfg["n_jobs"], by_geometry)
-        preds.append(predict_original(model, ckpt, crops, crop_to_orig, predict_cfg["tta"],
-                                      predict_cfg["batch_size"], device, amp=predict_cfg["amp"],
-                                      jitter=predict_cfg["tta_jitter"])["final"])
-    return np.mean(preds, axis=0)
-
-
-def load_models(checkpoints: Sequence[str | os.PathLike], device, backend: str = "torch") -> list[tuple]:
-    """[(model, ckpt)] for every checkpoint (.pt, or an exported .onnx: see pipeline.inference.predictor);
-    all must share the first one's schema."""
-    if not checkpoints:
-        raise PipelineError(None, "no --checkpoint given")
-    first_model, first = load_predictor(checkpoints[0], backend, device)
-    schema = schema_from_dict(first["schema"])
-    return [(first_model, first)] + [load_predictor(p, backend, device, schema=schema) for p in checkpoints[1:]]

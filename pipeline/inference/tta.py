@@ -1,7 +1,8 @@
 """Inference on cached crops: a model (torch, or any callable of the same contract such
 as pipeline/inference/onnx_runtime.py's OnnxModel) -> keypoints in crop pixels, with flip TTA,
-then mapped to original-image pixels. Shared by predict, train's validation, export's
-check, bench and the image tools."""
+then mapped to original-image pixels, one model at a time: several together are a
+`pipeline.inference.landmarker.Landmarker`. Shared by it, train's validation, export's
+check and bench."""
 
 from __future__ import annotations
 
@@ -14,9 +15,9 @@ from tqdm import tqdm
 from pipeline.core.config import params_source
 from pipeline.core.device import amp_dtype, autocast
 from pipeline.core.errors import PipelineError
-from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_label_origin
+from pipeline.formats.checkpoint import checkpoint_label_origin
 from pipeline.keypoints.flip import flip_coords, flip_images
-from pipeline.keypoints.geometry import crop_one, crop_transform, input_to_crop, to_original
+from pipeline.keypoints.geometry import input_to_crop, to_original
 from pipeline.keypoints.preprocess import faces_to_chw, normalize_batch, resize_batch
 from pipeline.keypoints.views import View, jitter_views, unwarp_coords, warp_view
 
@@ -97,42 +98,3 @@ def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndar
     out = {k: to_original(v, crop_to_orig) + origin for k, v in crops.items()}
     out["final"] = out["tta"] if "tta" in out else out["plain"]
     return out
-
-
-def check_crop_geometry(path, ckpt: dict, cache) -> None:
-    """A checkpoint predicts only faces cropped as in its training (crop side, expand)."""
-    have = (int(cache.info["size"]), float(cache.info["expand"]))
-    want = checkpoint_crop(ckpt, path)
-    if want != have:
-        raise PipelineError(path, f"trained on {want[0]} px crops with expand {want[1]:g}, but the cache "
-                                  f"{cache.path} holds {have[0]} px crops with expand {have[1]:g} "
-                                  "(rerun `pipeline crop` with the training's crop params, or retrain)")
-
-
-def predict_boxes(image: np.ndarray, boxes: np.ndarray, models: Sequence[tuple], tta: str = "flip",
-                  device=None) -> np.ndarray:
-    """Keypoints (M, K, 2) in photo pixels for training-convention boxes (M, 4): each model
-    sees the face cropped as in its training cache (crop.side, crop.expand), predictions
-    are mapped back through the crop transform and averaged over the models."""
-    return predict_many([(image, boxes)], models, tta, device)[0]
-
-
-def predict_many(items: Sequence[tuple[np.ndarray, np.ndarray]], models: Sequence[tuple], tta: str = "flip",
-                 device=None, batch_size: int = 64) -> list[np.ndarray]:
-    """`predict_boxes` for several (image, boxes) at once: the faces of all images go
-    through each model in batches of batch_size. Returns one (M_i, K, 2) array per item."""
-    device = device or torch.device("cpu")
-    counts = [len(b) for _, b in items]
-    k = len(models[0][1]["schema"]["names"])
-    if not sum(counts):
-        return [np.zeros((0, k, 2)) for _ in items]
-    images = [image for image, boxes in items for _ in boxes]  # the photo of every face
-    all_boxes = [b for _, boxes in items for b in boxes]
-    preds = []
-    for model, ckpt in models:
-        size, expand = checkpoint_crop(ckpt)
-        a = np.stack([crop_transform(b, expand, size) for b in all_boxes])
-        faces = np.stack([crop_one(image, m, size) for image, m in zip(images, a)])
-        preds.append(predict_original(model, ckpt, faces, a, tta, batch_size, device)["final"])
-    mean = np.mean(preds, axis=0)
-    return np.split(mean, np.cumsum(counts)[:-1])

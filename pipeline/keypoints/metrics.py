@@ -8,9 +8,12 @@
 
 from __future__ import annotations
 
+import os
 from typing import Sequence
 
 import numpy as np
+
+from pipeline.core.errors import PipelineError
 
 
 def mae(pred, truth) -> float:
@@ -23,12 +26,14 @@ def mae(pred, truth) -> float:
     return float(np.mean(np.abs(p - t)))
 
 
-def nme(pred, truth, eyes: tuple[int, int] | Sequence[int] | None = (36, 45)) -> float | None:
+def nme(pred, truth, eyes: tuple[int, int] | Sequence[int] | None = (36, 45),
+        where: str | os.PathLike | None = None) -> float | None:
     """Mean over faces of mean point error / inter-ocular distance of the truth.
 
     pred, truth: (N, K, 2). Returns a fraction, or None when `eyes` is None or out of
-    range for K. Faces whose truth eye corners coincide (distance 0) are left out; None
-    when no face is left."""
+    range for K. Faces whose truth eye corners coincide (distance 0) are left out; when that
+    is every face (or `eyes` names one point twice) the NME is undefined: a PipelineError
+    naming `where` (the truth's file)."""
     if eyes is None:
         return None
     p, t = np.asarray(pred, dtype=np.float64), np.asarray(truth, dtype=np.float64)
@@ -36,13 +41,17 @@ def nme(pred, truth, eyes: tuple[int, int] | Sequence[int] | None = (36, 45)) ->
         raise ValueError(f"nme: need two (N, K, 2) arrays, got {p.shape} and {t.shape}")
     e0, e1 = int(eyes[0]), int(eyes[1])
     k = t.shape[1]
-    if not (0 <= e0 < k and 0 <= e1 < k) or e0 == e1:
+    if not (0 <= e0 < k and 0 <= e1 < k):
         return None
+    if e0 == e1:
+        raise PipelineError(where, f"NME is undefined: its eye points are one point ({e0}), whose distance "
+                                   "is 0 (the schema's eyes must be two different keypoints)")
     iod = np.linalg.norm(t[:, e0] - t[:, e1], axis=-1)
     err = np.linalg.norm(p - t, axis=-1).mean(axis=1)
     ok = iod > 0
     if not ok.any():
-        return None
+        raise PipelineError(where, f"NME is undefined: eye points {e0} and {e1} coincide in the truth of "
+                                   f"every face ({len(t)}): inter-ocular distance 0")
     return float(np.mean(err[ok] / iod[ok]))
 
 

@@ -38,6 +38,9 @@ class KeypointSchema:
             raise PipelineError(None, f"schema '{self.name}': flip permutation must be an involution")
         if self.eyes is not None and not all(0 <= e < k for e in self.eyes):
             raise PipelineError(None, f"schema '{self.name}': eye indices out of range")
+        if self.eyes is not None and (len(self.eyes) != 2 or self.eyes[0] == self.eyes[1]):
+            raise PipelineError(None, f"schema '{self.name}': eyes must be two different keypoints "
+                                      "(NME divides by their distance)")
 
     @property
     def k(self) -> int:

@@ -77,7 +77,7 @@ def score_files(submission: str | os.PathLike, solution: str | os.PathLike, k: i
             raise PipelineError(solution, f"{len(truth)} rows is not a multiple of 2 x {kk} keypoints")
         return result
     n = len(truth) // (2 * kk)
-    result.update(faces=n, k=kk, nme=_r(nme(pred.reshape(n, kk, 2), truth.reshape(n, kk, 2), eyes)))
+    result.update(faces=n, k=kk, nme=_r(nme(pred.reshape(n, kk, 2), truth.reshape(n, kk, 2), eyes, where=solution)))
     return result
 
 

@@ -1,5 +1,6 @@
-"""Predict: flip TTA, fold ensemble, out-of-fold predictions, all mapped back to
-original-image pixels through each face's stored crop transform."""
+"""Predict: the fold checkpoints as one `Landmarker` (flip TTA, fold ensemble, OOF
+calibration) on the test faces, and each fold's model on its own validation faces (out of
+fold), all mapped back to original-image pixels through each face's stored crop transform."""
 
 from __future__ import annotations
 
@@ -10,16 +11,14 @@ from pathlib import Path
 import click
 import numpy as np
 
-from pipeline.core.config import config_options, write_resolved
-from pipeline.core.device import resolve_device
+from pipeline.core.config import config_options, params_source, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, MODELS_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import check_same_run, load_cache
 from pipeline.formats.folds import read_folds
 from pipeline.formats.predictions import write_oof_predictions, write_test_predictions
-from pipeline.inference.predictor import load_predictor
-from pipeline.inference.tta import check_crop_geometry, predict_original
+from pipeline.inference.landmarker import Landmarker, check_tta
 from pipeline.keypoints.calibrate import keypoint_bias, should_calibrate
 
 log = logging.getLogger(__name__)
@@ -37,55 +36,51 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     per predict.calibrate) and on its own validation faces (out of fold) -> out_dir."""
     check_output(out_dir, folder=True)
     pcfg = cfg["predict"]  # predict.calibrate is one of calibrate.CALIBRATE_MODES (config RANGES)
-    device = resolve_device(pcfg["device"])
+    tta, jitter, calibrate = pcfg["tta"], pcfg["tta_jitter"], pcfg["calibrate"]
+    check_tta(tta, jitter, params_source("predict.tta_jitter", "predict.tta"), prefix="predict.")
     train, test = load_cache(Path(cache_dir) / "train"), load_cache(Path(cache_dir) / "test")
     check_same_run(train, test)
     fold_of = read_folds(folds_path, train.meta, Path(cache_dir) / "train")  # rows must be the cache's faces
     ckpts = fold_checkpoints(models_dir, int(fold_of.max()) + 1, pcfg["checkpoint"])
     if not ckpts:
         raise PipelineError(models_dir, f"no fold checkpoints named {pcfg['checkpoint']} found")
+    folds = sorted(ckpts)
+    # every checkpoint is loaded and checked before the first prediction
+    landmarker = Landmarker.from_checkpoints([ckpts[f] for f in folds], backend, pcfg["device"], tta, jitter,
+                                             batch_size=pcfg["batch_size"], amp=pcfg["amp"], schema=test.schema)
+    landmarker.check_crops(test.info["size"], test.info["expand"], test.path)
     K = train.schema.k
     oof = {"tta": np.full((len(train), K, 2), np.nan), "plain": np.full((len(train), K, 2), np.nan)}
-    per_fold = []
-    loaded = {}  # every checkpoint is checked before the first prediction (and its log line)
-    for fold, path in sorted(ckpts.items()):
-        loaded[fold] = load_predictor(path, backend, device, schema=test.schema)
-        check_crop_geometry(path, loaded[fold][1], test)
-    for fold, path in sorted(ckpts.items()):
-        model, ckpt = loaded.pop(fold)
-        log.info("fold %d: %s (epoch %d, %s)", fold, path, ckpt["epoch"], backend)
-        test_pred = predict_original(model, ckpt, test.faces, test.crop_to_orig, pcfg["tta"],
-                                     pcfg["batch_size"], device, progress=True, amp=pcfg["amp"],
-                                     jitter=pcfg["tta_jitter"])
-        per_fold.append(test_pred["final"])
+    for i, fold in enumerate(folds):
+        log.info("fold %d: %s (epoch %d, %s)", fold, ckpts[fold], landmarker.metas[i]["epoch"], backend)
+    stack = landmarker.predict_cached(test.faces, test.crop_to_orig, progress=True)["final"]  # (F, N, K, 2)
+    for i, fold in enumerate(folds):
         val = np.flatnonzero(fold_of == fold)
-        if len(val):
-            val_pred = predict_original(model, ckpt, train.faces[val], train.crop_to_orig[val], "flip",
-                                        pcfg["batch_size"], device, amp=pcfg["amp"], jitter=pcfg["tta_jitter"])
-            oof["tta"][val], oof["plain"][val] = val_pred["tta"], val_pred["plain"]
+        if len(val):  # with flip whatever predict.tta is: oof.npz keeps both kinds
+            val_pred = landmarker.predict_cached(train.faces[val], train.crop_to_orig[val], models=[i], tta="flip")
+            oof["tta"][val], oof["plain"][val] = val_pred["tta"][0], val_pred["plain"][0]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    stack = np.stack(per_fold)  # (F, N, K, 2)
     # OOF bias calibration: the per-keypoint mean OOF residual of the predictions of the
     # kind the test set gets (with or without flip TTA)
-    oof_kind = oof["tta"] if pcfg["tta"] == "flip" else oof["plain"]
+    oof_kind = "tta" if tta == "flip" else "plain"
     truth = train.keypoints_orig  # (N, K, 2): crop requires the train split's keypoints
     assert truth is not None
-    bias = keypoint_bias(oof_kind, truth)  # (K, 2)
-    calibrated = should_calibrate(pcfg["calibrate"], oof_kind, truth)
-    raw = stack.mean(0)  # (N, K, 2)
-    ensemble = raw - bias if calibrated else raw
+    bias = keypoint_bias(oof[oof_kind], truth)  # (K, 2)
+    calibrated = should_calibrate(calibrate, oof[oof_kind], truth)
+    raw = landmarker.ensemble(stack, raw=True)  # (N, K, 2)
+    landmarker.calibration = bias if calibrated else None
+    ensemble = landmarker.ensemble(stack)
     names = train.schema.names
     write_test_predictions(out / "test.npz", ensemble=ensemble, ensemble_raw=raw, per_fold=stack,
-                           folds=sorted(ckpts), bias=bias, calibrated=calibrated,
-                           oof_kind="tta" if pcfg["tta"] == "flip" else "plain",
+                           folds=folds, bias=bias, calibrated=calibrated, oof_kind=oof_kind,
                            face_id=test.meta["face_id"], keypoint_names=names)
     write_oof_predictions(out / "oof.npz", tta=oof["tta"], plain=oof["plain"], fold=fold_of,
                           face_id=train.meta["face_id"], keypoint_names=names)
     write_resolved(cfg, out, ["predict"])
     log.info("OOF bias: mean |x| %.3f px, |y| %.3f px (mean x %+.3f, y %+.3f); calibrate=%s -> %s",
-             *np.abs(bias).mean(0), *bias.mean(0), pcfg["calibrate"], "applied" if calibrated else "not applied")
-    log.info("predicted %d test faces with %d fold(s), tta=%s -> %s", len(test), len(ckpts), pcfg["tta"], out)
+             *np.abs(bias).mean(0), *bias.mean(0), calibrate, "applied" if calibrated else "not applied")
+    log.info("predicted %d test faces with %d fold(s), tta=%s -> %s", len(test), len(ckpts), tta, out)
 
 
 @click.command("predict")

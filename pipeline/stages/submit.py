@@ -1,22 +1,24 @@
 """The `submit` stage: the competition CSV (pipeline/formats/submission.py) from the test
-predictions (pipeline/formats/predictions.py), or, standalone, from any test XML and checkpoints.
-The coordinates are validated against the test cache's face and keypoint counts before
-anything is written."""
+predictions (pipeline/formats/predictions.py), or, standalone, from any test XML and checkpoints
+(a `Landmarker`, with the OOF calibration `pipeline predict` fitted for those checkpoints, so
+that the standalone CSV of the test XML is the stage's, byte for byte). The coordinates are
+validated against the test cache's face and keypoint counts before anything is written."""
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Sequence
 
 import click
 import numpy as np
 
-from pipeline.core.config import config_options, params_source
+from pipeline.core.config import config_options, params_source, read_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, input_file
-from pipeline.core.paths import CACHE_DIR
+from pipeline.core.paths import CACHE_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import face_count, split_schema
 from pipeline.formats.predictions import read_predictions
 from pipeline.formats.submission import validate_coords, write_submission
@@ -42,17 +44,94 @@ def run_submit(predictions_path: str | os.PathLike, cache: str | os.PathLike, ou
     return _write(coords, predictions_path, out, face_count(test_split), None if schema is None else schema.k)
 
 
-def run_submit_xml(cfg: dict, xml_path: str | os.PathLike, checkpoints: Sequence[str], out: Path) -> np.ndarray:
-    """Standalone: predict any test XML with any checkpoints (fold-averaged) -> CSV."""
+def project_predictions(checkpoints: Sequence[str | os.PathLike]) -> Path | None:
+    """<project>/predictions/test.npz for checkpoints <project>/<models>/fold<K>/<name> (the
+    layout `pipeline train` and `pipeline predict` write), else None."""
+    paths = [Path(c).absolute() for c in checkpoints]
+    if not all(re.fullmatch(r"fold\d+", p.parent.name) for p in paths) or len({p.parent.parent for p in paths}) != 1:
+        return None
+    return paths[0].parent.parent.parent / PREDICTIONS_DIR / "test.npz"
+
+
+def _fold_of(path: str | os.PathLike, meta: dict) -> int | None:
+    if isinstance(meta.get("fold"), int):
+        return meta["fold"]
+    m = re.fullmatch(r"fold(\d+)", Path(path).parent.name)
+    return int(m.group(1)) if m else None
+
+
+def calibration_mismatch(test_npz: Path, predict_cfg: dict, checkpoints: Sequence[str | os.PathLike],
+                         metas: Sequence[dict], schema) -> str | None:
+    """Why the OOF calibration in `test_npz` is not the one `pipeline predict` would fit for
+    these checkpoints under these predict params (None: it is)."""
+    z = read_predictions(test_npz, ("folds", "oof_kind", "keypoint_names"))
+    if [str(n) for n in z["keypoint_names"]] != list(schema.names):
+        return f"its keypoints are not those of schema '{schema.name}'"
+    folds = sorted(int(f) for f in z["folds"].reshape(-1))
+    ours = sorted(_fold_of(c, m) for c, m in zip(checkpoints, metas) if _fold_of(c, m) is not None)
+    if len(ours) != len(checkpoints) or ours != folds:
+        return f"made with fold(s) {folds}, not the checkpoints' {ours or 'unknown folds'}"
+    want_kind = "tta" if predict_cfg["tta"] == "flip" else "plain"
+    if str(z["oof_kind"]) != want_kind:
+        return (f"fitted on '{z['oof_kind']}' OOF predictions, this run's predict.tta {predict_cfg['tta']} "
+                f"needs '{want_kind}'")
+    resolved = test_npz.parent / "params.resolved.yaml"
+    if resolved.is_file():
+        theirs = read_resolved(resolved).get("predict", {})
+        for key in ("tta", "tta_jitter", "calibrate"):
+            if key in theirs and theirs[key] != predict_cfg[key]:
+                return f"made with predict.{key} {theirs[key]}, this run has {predict_cfg[key]}"
+        name = theirs.get("checkpoint")
+        if name is not None and any(Path(c).name != name for c in checkpoints):
+            return f"made with the checkpoints named {name}"
+    return None
+
+
+def xml_calibration(choice: str, predict_cfg: dict, checkpoints: Sequence[str | os.PathLike],
+                    metas: Sequence[dict], schema) -> np.ndarray | None:
+    """The OOF bias (K, 2) `submit --xml` subtracts, or None. choice: off; a predictions
+    test.npz (its bias when it says it was applied; an error when it was made for other
+    checkpoints or predict params); auto: the same from the checkpoints' project
+    (`project_predictions`) when it is there, a warning and no calibration when it does not fit."""
+    if choice == "off" or predict_cfg["calibrate"] == "off":
+        return None
+    path = project_predictions(checkpoints) if choice == "auto" else Path(choice)
+    if path is None or (choice == "auto" and not path.is_file()):
+        log.info("no OOF calibration: no predictions/test.npz beside the checkpoints' models folder")
+        return None
+    input_file(path, "predictions not found", "a predictions test.npz")
+    problem = calibration_mismatch(path, predict_cfg, checkpoints, metas, schema)
+    if problem and choice == "auto":
+        log.warning("%s: OOF calibration not applied: %s", path, problem)
+        return None
+    if problem:
+        raise PipelineError(path, f"cannot calibrate with it: {problem}")
+    z = read_predictions(path, ("bias", "calibrated"))
+    if not bool(z["calibrated"]):
+        log.info("%s: `pipeline predict` did not apply its OOF calibration: none applied", path)
+        return None
+    log.info("OOF calibration of %s applied (mean |bias| %.3f px)", path, float(np.abs(z["bias"]).mean()))
+    return z["bias"].astype(np.float64)
+
+
+def run_submit_xml(cfg: dict, xml_path: str | os.PathLike, checkpoints: Sequence[str], out: Path,
+                   calibration: str = "auto") -> np.ndarray:
+    """Standalone: predict any test XML with any checkpoints (their `Landmarker`) -> CSV."""
     # the one path of submit that runs a network: the DVC stage (from predictions/) starts
     # without torch's import
-    from pipeline.inference.predictor import predict_xml
+    from pipeline.inference.landmarker import Landmarker, check_tta
 
     input_file(xml_path, "test XML not found", "a test XML file")
     for c in checkpoints:  # all of them before the first one predicts
         input_file(c, "checkpoint not found", "a checkpoint file")
-    coords = predict_xml(xml_path, checkpoints, cfg["predict"], cfg["data"], cfg["crop"])
-    return _write(coords, xml_path, out, None, get_schema(cfg["data"]).k)
+    pcfg = cfg["predict"]
+    check_tta(pcfg["tta"], pcfg["tta_jitter"], params_source("predict.tta_jitter", "predict.tta"), prefix="predict.")
+    schema = get_schema(cfg["data"])
+    landmarker = Landmarker.from_checkpoints(checkpoints, "torch", pcfg["device"], pcfg["tta"], pcfg["tta_jitter"],
+                                             batch_size=pcfg["batch_size"], amp=pcfg["amp"], schema=schema)
+    landmarker.calibration = xml_calibration(calibration, pcfg, checkpoints, landmarker.metas, schema)
+    coords = landmarker.predict_xml(xml_path, cfg["crop"]["n_jobs"])
+    return _write(coords, xml_path, out, None, schema.k)
 
 
 def _write(coords, source, out: Path, n_faces: int | None, k: int | None) -> np.ndarray:
@@ -74,13 +153,19 @@ def _write(coords, source, out: Path, n_faces: int | None, k: int | None) -> np.
               help="standalone mode: checkpoint(s) to ensemble; more may follow as arguments")
 @click.option("--out", "out_path", default=None,
               help="output CSV (default <out-dir>/<submit.name>.csv)")
+@click.option("--calibration", default="auto", show_default=True,
+              help="standalone mode: the OOF calibration to subtract: auto (what `pipeline predict` applied "
+                   "for checkpoints <project>/models/fold*/..., from <project>/predictions/test.npz when "
+                   "there), off, or a predictions test.npz")
 @click.argument("more_checkpoints", nargs=-1)
 @config_options
-def submit_cmd(predictions_path, cache, out_dir, xml_path, checkpoints, out_path, more_checkpoints, cfg):
+def submit_cmd(predictions_path, cache, out_dir, xml_path, checkpoints, out_path, calibration, more_checkpoints,
+               cfg):
     """Write the competition CSV (Id,Predicted) from the test predictions.
 
     Standalone: `pipeline submit --xml TEST_XML --checkpoints a.pt [b.pt ...] [--out PATH]`
-    predicts any test XML with any checkpoints (fold-averaged)."""
+    predicts any test XML with any checkpoints (fold-averaged, OOF-calibrated as `pipeline
+    predict` did for them: with the same predict params, the test XML gives the stage's CSV)."""
     out = check_output(submission_path(cfg, out_dir, out_path))
     ckpts = list(checkpoints) + list(more_checkpoints)
     if xml_path is None:
@@ -90,5 +175,5 @@ def submit_cmd(predictions_path, cache, out_dir, xml_path, checkpoints, out_path
     else:
         if not ckpts:
             raise click.UsageError("--xml needs --checkpoints a.pt [b.pt ...]")
-        arr = run_submit_xml(cfg, xml_path, ckpts, out)
+        arr = run_submit_xml(cfg, xml_path, ckpts, out, calibration)
     click.echo(f"wrote {out}: {arr.shape[0]} faces x {arr.shape[1]} keypoints = {arr.size} rows")

@@ -71,14 +71,15 @@ class Source:
 
 
 def _load_folder(name: str, folder: Path, where: str) -> Source:
-    test = read_predictions(folder / "test.npz", ("ensemble", "per_fold", "folds", "oof_kind", *ID_KEYS))
+    test = read_predictions(folder / "test.npz", ("ensemble", "ensemble_raw", "per_fold", "folds", "oof_kind",
+                                                  *ID_KEYS))
     oof = read_predictions(folder / "oof.npz", (*OOF_KEYS, *ID_KEYS))
     kind = str(test["oof_kind"])
     if kind not in ("tta", "plain"):
         raise PipelineError(f"{where}/test.npz", f"oof_kind must be tta or plain, got {kind!r}")
     ids = {"face_id": oof["face_id"], "test_face_id": test["face_id"], "keypoint_names": oof["keypoint_names"]}
     return Source(name, where, oof[kind].astype(np.float64), oof["plain"].astype(np.float64),
-                  oof["fold"].reshape(-1).astype(np.int64), test.get("ensemble_raw", test["ensemble"]).astype(np.float64),
+                  oof["fold"].reshape(-1).astype(np.int64), test["ensemble_raw"].astype(np.float64),
                   test["ensemble"].astype(np.float64), test["per_fold"].astype(np.float64),
                   test["folds"].reshape(-1), ids)
 

@@ -1,9 +1,9 @@
 """`pipeline predict-image`: keypoints for any photo, no box given. Faces are found with
 the best installed face detector (pipeline/detection/detectors.py: MTCNN, dlib HOG, or OpenCV's Haar
 cascade, pipeline/detection/haar.py), each detector box is converted to the box convention the
-models were trained with, and then the normal crop -> model -> map-back path runs
-(inference/tta.py `predict_many`: each checkpoint's stamped crop geometry, `predict_original`), with
-the faces of several photos in one batch. Inputs may be files, folders or glob patterns."""
+models were trained with, and then the checkpoints' `Landmarker` (pipeline/inference/landmarker.py:
+each checkpoint's stamped crop geometry, TTA, the ensemble) predicts the faces of several photos
+in one batch. Inputs may be files, folders or glob patterns."""
 
 from __future__ import annotations
 
@@ -19,14 +19,12 @@ from tqdm import tqdm
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
-from pipeline.detection.detectors import get_detector, locate_faces
+from pipeline.detection.detectors import get_detector
 from pipeline.formats.annotations import read_image
 from pipeline.formats.images import write_png
 from pipeline.formats.photo_keypoints import photo_record, write_photo_json, write_photo_keypoints_csv
-from pipeline.inference.predictor import load_models
-from pipeline.inference.tta import predict_many
+from pipeline.inference.landmarker import Landmarker
 from pipeline.keypoints.draw import draw_faces
-from pipeline.keypoints.schema import schema_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -73,15 +71,15 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
     if not paths:
         raise PipelineError(photos[0] if len(photos) == 1 else None, "no image files found")
     found = get_detector(detector)  # before the models load: a missing detector fails fast
-    device = resolve_device(device_name)
-    models = load_models(checkpoints, device, backend)
-    schema = schema_from_dict(models[0][1]["schema"])
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device_name), tta,
+                                             batch_size=batch_size, detector=found.name)
+    schema = landmarker.schema
     out = Path(out_dir)
     results, per_photo, stems, failed = [], [], set(), []
     pending: list[tuple[Path, np.ndarray, np.ndarray, np.ndarray]] = []
 
     def flush() -> None:
-        preds = predict_many([(image, boxes) for _, image, boxes, _ in pending], models, tta, device, batch_size)
+        preds = landmarker.predict_batch([image for _, image, _, _ in pending], [boxes for _, _, boxes, _ in pending])
         for (photo, image, boxes, raw), pts in zip(pending, preds):
             results.append(_write_photo(photo, image, boxes, raw, pts))
         pending.clear()
@@ -109,7 +107,7 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
             log.warning("%s (skipped)", e.format())
             failed.append(e)
             continue
-        boxes, raw = locate_faces(image, max_faces, found.name)
+        boxes, raw = landmarker.detect(image, max_faces)
         if not len(boxes):
             log.warning("%s: no face found", photo)
         pending.append((photo, image, boxes, raw))

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Sequence
 
 import click
 import cv2
@@ -26,9 +25,8 @@ from pipeline.core.paths import CACHE_DIR
 from pipeline.formats.cache import dataset_root
 from pipeline.formats.images import write_gif
 from pipeline.formats.video import write_mp4
+from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.photos import PhotoReader, cache_face, face_in_photo, is_index, meta_box
-from pipeline.inference.predictor import load_models
-from pipeline.inference.tta import predict_boxes
 from pipeline.keypoints.geometry import crop_one, crop_transform, to_crop
 
 log = logging.getLogger(__name__)
@@ -123,8 +121,8 @@ def morph_frames(a: np.ndarray, b: np.ndarray, pa: np.ndarray, pb: np.ndarray, n
     return frames
 
 
-def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, split: str, size: int,
-               expand: float, data_dir: str | None, device) -> tuple[np.ndarray, np.ndarray, str]:
+def morph_face(source: str, landmarker: Landmarker, cfg: dict, cache_dir: str, split: str, size: int,
+               expand: float, data_dir: str | None) -> tuple[np.ndarray, np.ndarray, str]:
     """(face frame (size, size, 3) RGB, its keypoints (K, 2) frame px, description) for a
     photo path (largest detected face) or an index into the cache split (its photo and box)."""
     if is_index(source):
@@ -136,7 +134,7 @@ def morph_face(source: str, models: Sequence[tuple], cfg: dict, cache_dir: str, 
     else:
         image, box = face_in_photo(source)
         what = Path(source).name
-    pts = predict_boxes(image, box[None], models, "flip", device)[0]
+    pts = landmarker.predict(image, box[None])[0]
     a = crop_transform(box, expand, size)
     return crop_one(image, a, size), to_crop(pts[None], a[None])[0], what
 
@@ -149,10 +147,9 @@ def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, 
         raise PipelineError(None, f"--frames must be >= 2, got {n_frames}")
     if size < 16 or expand <= 0 or fps <= 0:
         raise PipelineError(None, "--size must be >= 16, --expand and --fps > 0")
-    dev = resolve_device(device)
-    models = load_models(checkpoints, dev, backend)
-    fa, pa, wa = morph_face(a, models, cfg, cache, split, size, expand, data_dir, dev)
-    fb, pb, wb = morph_face(b, models, cfg, cache, split, size, expand, data_dir, dev)
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device), "flip")
+    fa, pa, wa = morph_face(a, landmarker, cfg, cache, split, size, expand, data_dir)
+    fb, pb, wb = morph_face(b, landmarker, cfg, cache, split, size, expand, data_dir)
     frames = morph_frames(fa, fb, pa, pb, n_frames)
     written = [write_gif(out, frames, delay_cs=max(2, round(100 / fps)))]
     log.info("morph %s -> %s: %d frames of %dx%d -> %s", wa, wb, len(frames), size, size, written[0])

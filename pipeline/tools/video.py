@@ -26,11 +26,9 @@ from pipeline.detection.detectors import get_detector
 from pipeline.formats.images import write_png
 from pipeline.formats.video import AtomicVideoWriter, frames_of, open_video
 from pipeline.formats.video_csv import read_video_csv, write_video_csv
-from pipeline.inference.predictor import load_models
+from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.tracking import FaceTracker, box_constants
-from pipeline.inference.tta import predict_boxes
 from pipeline.keypoints.draw import contact_sheet, draw_faces, put_label
-from pipeline.keypoints.schema import schema_from_dict
 from pipeline.keypoints.smoothing import OneEuroFilter, local_poly_at
 from pipeline.keypoints.temporal import lag, per_second_rate, second_difference_jitter, track_summary
 from pipeline.synth.moving_face import TEST_PHOTO, make_test_video
@@ -53,7 +51,7 @@ def _face_tile(image: np.ndarray, box: np.ndarray | None, side: int = 144) -> np
     return face_tile(image, box, side, expand=1.6)[0]
 
 
-def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, tta: str = "flip", device=None,
+def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: dict, *,
                 out_mp4: str | os.PathLike | None = None, smooth: bool = True, progress: bool = True,
                 detect=None, keep: Sequence[int] = ()) -> dict[str, Any]:
     """Keypoints of every face on every frame of `src` (tracked, see pipeline/inference/tracking.py),
@@ -61,15 +59,14 @@ def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, 
     points, box side) as arrays, the video's fps and frame count, closed tracks, the number
     of detector runs and the seconds spent end to end (decode, detect, predict, draw, encode).
     The frames numbered in `keep` come back drawn both ways: {"kept": {i: (raw, smoothed)}}."""
-    schema = schema_from_dict(models[0][1]["schema"])
+    schema = landmarker.schema
     if detect is None:
         found = get_detector(vcfg["detector"])
 
         def detect(image):
             return found(image, 0)[0]
 
-    def predict(image, boxes):
-        return predict_boxes(image, boxes, models, tta, device)
+    predict = landmarker.predict
 
     cap, fps, declared = open_video(src)
     # "poly": a centred local quadratic over +-half frames (no lag, `half` frames of latency);
@@ -190,11 +187,10 @@ def run_predict_video(cfg: dict, src: str, checkpoints: Sequence[str], out: str 
         if p is not None:
             check_output(p)
     get_detector(vcfg["detector"])  # a missing detector fails before the models load
-    device = resolve_device(device_name)
-    models = load_models(checkpoints, device, backend)
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device_name),
+                                             tta or cfg["predict"]["tta"])
     keep = sorted({int(round(v)) for v in np.linspace(0, max(declared - 1, 0), strip_frames)}) if strip else []
-    res = track_video(src_path, models, vcfg, tta=tta or cfg["predict"]["tta"], device=device, out_mp4=out_path,
-                      smooth=vcfg["smooth"] == "on", keep=keep)
+    res = track_video(src_path, landmarker, vcfg, out_mp4=out_path, smooth=vcfg["smooth"] == "on", keep=keep)
     pts = res["smoothed"] if vcfg["smooth"] == "on" else res["raw"]
     if csv_path:
         write_video_csv(csv_path, res["frame"], res["time"], res["face"], pts)
@@ -320,15 +316,15 @@ def tune_one_euro(still: dict, still_truth: dict, moving: dict, moving_truth: di
             "criterion": f"lowest still-face jitter with moving NME <= {max_nme_ratio} x raw"}
 
 
-def measure_smoothing(models: Sequence[tuple], vcfg: dict, workdir: str | os.PathLike, n_frames: int = 60,
-                      tta: str = "flip", device=None, detect=None) -> dict[str, Any]:
+def measure_smoothing(landmarker: Landmarker, vcfg: dict, workdir: str | os.PathLike, n_frames: int = 60,
+                      detect=None) -> dict[str, Any]:
     """Jitter and NME, raw vs smoothed (the params' One Euro), on a still and a moving test
     video made in `workdir`, and frames/s end to end on the moving one (annotated mp4 written)."""
     out: dict[str, Any] = {"frames": n_frames}
     for kind in ("still", "moving"):
         mp4, truth_csv = make_test_video(Path(workdir) / f"{kind}.mp4", n_frames, moving=kind == "moving")
         truth = read_video_csv(truth_csv)
-        res = track_video(mp4, models, vcfg, tta=tta, device=device, progress=False, detect=detect,
+        res = track_video(mp4, landmarker, vcfg, progress=False, detect=detect,
                           out_mp4=Path(workdir) / f"{kind}_keypoints.mp4")
         out[kind] = {"raw": score_video(_as_pred(res, res["raw"]), truth),
                      "smoothed": score_video(_as_pred(res, res["smoothed"]), truth),
@@ -413,11 +409,10 @@ def video_stats_cmd(clips, checkpoints, csv_path, device, backend, cfg):
     if csv_path:
         check_output(csv_path)
     get_detector(vcfg["detector"])
-    dev = resolve_device(device)
-    models = load_models(checkpoints, dev, backend)
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device), cfg["predict"]["tta"])
     table = [list(STATS_COLUMNS)]
     for c in clips:
-        res = track_video(c, models, vcfg, tta=cfg["predict"]["tta"], device=dev, progress=False)
+        res = track_video(c, landmarker, vcfg, progress=False)
         st = clip_stats(res, expected_faces=vcfg["max_faces"])
         log.info("%s", format_clip_stats(c, st))
         table.append(stats_row(Path(c).name, st))

@@ -142,7 +142,9 @@ def evaluate(model, cache, val_idx: np.ndarray, ckpt_like: dict, batch_size: int
                             batch_size, device, amp=amp, amp_key="train.amp")["final"]
     truth = cache.keypoints_orig[val_idx]
     eyes = cache.schema.eyes
-    err = nme(pred, truth, eyes)  # None without eyes, or when no face's eye corners are apart
+    # None without eyes (or eyes out of range); a PipelineError naming the cache when no
+    # face's eye corners are apart
+    err = nme(pred, truth, eyes, where=cache.path)
     return {"mae": float(mae(pred, truth)), "nme": float("nan") if err is None else float(err)}
 
 

@@ -19,7 +19,7 @@ from pipeline.core.device import amp_dtype, use_channels_last, use_compile, use_
 from pipeline.core.errors import PipelineError
 from pipeline.core.heap import keep_freed_memory, use_keep_freed_memory
 from pipeline.formats.cache import load_cache
-from pipeline.formats.checkpoint import load_checkpoint
+from pipeline.formats.checkpoint import crop_stamp, load_checkpoint
 from pipeline.formats.folds import read_folds
 from pipeline.keypoints.geometry import crop_to_input
 from pipeline.models import create_model
@@ -170,8 +170,7 @@ def checkpoint_meta(setup: TrainSetup, cache, fold: int) -> dict[str, Any]:
     # "crop": the geometry of the cache the model actually saw (params may name another
     # size than the cache on disk); standalone prediction must crop new faces the same way
     return {"model_config": setup.model.config, "schema": cache.schema.to_dict(), "config": setup.cfg,
-            "crop": {"size": int(cache.faces.shape[1]), "expand": float(cache.info["expand"]),
-                     "label_origin": float(cache.info.get("label_origin", 0.0))},
+            "crop": crop_stamp(cache.faces.shape[1], cache.info["expand"], cache.info.get("label_origin", 0.0)),
             "mean_shape": setup.mean_shape.tolist(), "fold": fold}
 
 

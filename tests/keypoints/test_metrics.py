@@ -30,3 +30,63 @@ def test_nme_ibug_eyes_default():
     assert IBUG68.eyes == (36, 45)
 
 
+
+
+def test_nme_leaves_out_faces_without_an_eye_distance_and_refuses_when_none_has_one():
+    from pipeline.core.errors import PipelineError
+
+    truth = np.zeros((2, 3, 2))
+    truth[0, 1] = (4.0, 0.0)  # face 1: both eye points at the origin
+    pred = truth + 2.0
+    assert nme(pred, truth, eyes=(0, 1)) == pytest.approx(np.sqrt(8) / 4)  # face 0 only
+    with pytest.raises(PipelineError) as e:
+        nme(pred[1:], truth[1:], eyes=(0, 1), where="sol.csv")
+    assert str(e.value) == ("sol.csv: NME is undefined: eye points 0 and 1 coincide in the truth of every face (1): "
+                            "inter-ocular distance 0")
+    with pytest.raises(PipelineError, match="its eye points are one point"):
+        nme(pred, truth, eyes=(1, 1))
+
+
+def test_a_schema_whose_eyes_are_one_point_is_a_param_error():
+    from pipeline.core.errors import PipelineError
+    from pipeline.keypoints.schema import get_schema
+
+    with pytest.raises(PipelineError) as e:
+        get_schema({"schema": "custom", "custom_schema": {"names": ["a", "b", "c"], "eyes": [1, 1]}})
+    assert "eyes must be two different keypoints" in str(e.value) and "\n" not in str(e.value)
+
+
+def test_score_and_validation_with_coinciding_eyes_are_one_line_errors(tmp_path, tiny_workspace, capsys):
+    """The callers: `pipeline score` against a solution whose eye corners coincide on every
+    face, and training's validation NME on such truth, stop with one line naming the file."""
+    import torch
+
+    from pipeline.core.errors import PipelineError
+    from pipeline.formats.cache import load_cache
+    from pipeline.formats.submission import write_submission
+    from pipeline.training.loop import evaluate
+
+    from conftest import run_cli
+
+    truth = np.random.default_rng(0).uniform(0, 100, (3, 68, 2))
+    truth[:, 45] = truth[:, 36]
+    write_submission(tmp_path / "sol.csv", truth)
+    write_submission(tmp_path / "sub.csv", truth + 1.0)
+    code, out, err = run_cli(["score", tmp_path / "sub.csv", "--solution", tmp_path / "sol.csv"], capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "NME is undefined" in err, (out, err)
+    assert str(tmp_path / "sol.csv") in err
+
+    cache = load_cache(tiny_workspace / "cache" / "train")
+    kp = np.array(cache.keypoints_orig)
+    kp[:, 45] = kp[:, 36]
+    cache.keypoints_orig = kp
+
+    class Centre(torch.nn.Module):
+        def forward(self, x):
+            return torch.full((x.shape[0], 68, 2), 16.0)
+
+    ckpt_like = {"model_config": {"input_size": 32, "in_chans": 3}, "schema": IBUG68.to_dict(),
+                 "crop": {"size": 32, "expand": 1.25, "label_origin": 0.0}}
+    with pytest.raises(PipelineError) as e:
+        evaluate(Centre(), cache, np.arange(4), ckpt_like, 8, torch.device("cpu"))
+    assert "NME is undefined" in str(e.value) and str(cache.path) in str(e.value)

@@ -1,6 +1,7 @@
 """Predict: flip TTA, fold ensemble, OOF, mapping back to original pixels, CLI chain."""
 
 import json
+import shutil
 
 import numpy as np
 import pandas as pd
@@ -10,9 +11,12 @@ import torch
 from pipeline.cli import main
 from pipeline.core.config import load_config
 from pipeline.formats.cache import load_cache
+from pipeline.formats.submission import read_submission
 from pipeline.inference.tta import predict_crops
 from pipeline.keypoints.schema import IBUG68
 from pipeline.stages.train import fit
+
+from conftest import run_cli
 
 TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2",
         "train.randaug_n=1"]
@@ -155,3 +159,62 @@ def test_label_origin_moves_labels_onto_the_pixel_grid_and_predictions_back(demo
     shifted = predict_original(Fixed(coords), {**ckpt, "crop": {"label_origin": 1.0}}, faces, a, "none", 8,
                                torch.device("cpu"))["final"]
     np.testing.assert_allclose(shifted, plain + 1.0)
+
+
+def _project(trained, root):
+    """A project laid out as `pipeline train` writes it: root/models/fold{0,1}/best.pt."""
+    for fold in (0, 1):
+        (root / "models" / f"fold{fold}").mkdir(parents=True)
+        shutil.copy(trained / f"fold{fold}" / "best.pt", root / "models" / f"fold{fold}" / "best.pt")
+    return sorted(str(p) for p in root.glob("models/fold*/best.pt"))
+
+
+@pytest.mark.parametrize("calibrate", ["on", "off"])
+def test_submit_xml_writes_the_stage_csv_byte_for_byte(tiny_workspace, trained, demo_dir, tmp_path, capsys,
+                                                       caplog, calibrate):
+    """`pipeline submit --xml <test XML> --checkpoints models/fold*/best.pt` with the predict
+    params of `pipeline predict` -> `pipeline submit` writes that CSV, OOF calibration included."""
+    ws, root = tiny_workspace, tmp_path / "proj"
+    ckpts = _project(trained, root)
+    over = sum((["--set", s] for s in TINY + [f"predict.calibrate={calibrate}"]), [])
+    main(["predict", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"), "--models", str(root / "models"),
+          "--out", str(root / "predictions")] + over)
+    assert bool(np.load(root / "predictions" / "test.npz")["calibrated"]) == (calibrate == "on")
+    main(["submit", "--predictions", str(root / "predictions" / "test.npz"), "--cache", str(ws / "cache"),
+          "--out", str(root / "stage.csv")] + over)
+    xml = demo_dir / load_config(None)["data"]["test_xml"]
+    code, _, err = run_cli(["submit", "--xml", xml, "--checkpoints", *ckpts, "--out", root / "xml.csv"] + over, capsys)
+    assert code == 0, err
+    assert (root / "xml.csv").read_bytes() == (root / "stage.csv").read_bytes()
+    if calibrate == "off":
+        return
+    # without the calibration: the raw fold mean, which the stage's CSV is not
+    code, _, err = run_cli(["submit", "--xml", xml, "--checkpoints", *ckpts, "--out", root / "raw.csv",
+                            "--calibration", "off"] + over, capsys)
+    assert code == 0, err
+    raw = read_submission(root / "raw.csv").reshape(-1, 68, 2)
+    np.testing.assert_allclose(raw, np.load(root / "predictions" / "test.npz")["ensemble_raw"], atol=5e-7)
+    assert (root / "raw.csv").read_bytes() != (root / "stage.csv").read_bytes()
+    # other predict params than the predictions': auto warns and leaves the calibration out,
+    # a named predictions file is an error
+    notta = over + ["--set", "predict.tta=none"]
+    code, _, err = run_cli(["submit", "--xml", xml, "--checkpoints", *ckpts, "--out", root / "none.csv"] + notta,
+                           capsys)
+    assert code == 0, err
+    assert "OOF calibration not applied" in caplog.text and "predict.tta none" in caplog.text
+    code, _, err = run_cli(["submit", "--xml", xml, "--checkpoints", *ckpts, "--out", root / "bad.csv",
+                            "--calibration", root / "predictions" / "test.npz"] + notta, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "test.npz: cannot calibrate" in err, err
+    assert not (root / "bad.csv").exists()
+
+
+def test_tta_none_with_jitter_is_a_one_line_param_error(tiny_workspace, trained, tmp_path, capsys):
+    """Jitter views are scored out of fold only with flip TTA: tta none with jitter is refused
+    before anything loads or is written."""
+    ws = tiny_workspace
+    over = sum((["--set", s] for s in TINY + ["predict.tta=none", "predict.tta_jitter=0.1"]), [])
+    code, _, err = run_cli(["predict", "--cache", ws / "cache", "--folds", ws / "folds.csv", "--models", trained,
+                            "--out", tmp_path / "pred"] + over, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1, err
+    assert "--set predict.tta_jitter=0.1" in err and "predict.tta_jitter 0.1 needs predict.tta flip" in err
+    assert not (tmp_path / "pred").exists()

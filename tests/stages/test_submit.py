@@ -172,16 +172,24 @@ def test_submit_cmd_missing_predictions(tmp_path, capsys):
     assert code == 2 and "nope.npz" in err and "not found" in err
 
 
-def test_submit_standalone_calls_predict_xml(tmp_path, monkeypatch, capsys):
+def test_submit_standalone_predicts_with_a_landmarker(tmp_path, monkeypatch, capsys):
     calls = {}
 
-    def fake_predict_xml(xml_path, checkpoints, predict_cfg, data_cfg, crop_cfg):
-        calls.update(xml=xml_path, ckpts=list(checkpoints), predict=predict_cfg, data=data_cfg, crop=crop_cfg)
-        return np.arange(3 * 68 * 2, dtype=float).reshape(3, 68, 2)
+    class FakeLandmarker:
+        metas = [{}, {}]
+        calibration = None
 
-    import pipeline.inference.predictor
+        def predict_xml(self, xml_path, n_jobs=1):
+            calls.update(xml=xml_path, n_jobs=n_jobs)
+            return np.arange(3 * 68 * 2, dtype=float).reshape(3, 68, 2)
 
-    monkeypatch.setattr(pipeline.inference.predictor, "predict_xml", fake_predict_xml)
+    def fake_from_checkpoints(paths, backend="torch", device="auto", tta="flip", jitter=0.0, **kw):
+        calls.update(ckpts=list(paths), tta=tta, jitter=jitter, **kw)
+        return FakeLandmarker()
+
+    from pipeline.inference.landmarker import Landmarker
+
+    monkeypatch.setattr(Landmarker, "from_checkpoints", staticmethod(fake_from_checkpoints))
     xml = tmp_path / "test.xml"
     xml.write_text("<dataset/>")
     a, b = tmp_path / "a.pt", tmp_path / "b.pt"
@@ -192,7 +200,8 @@ def test_submit_standalone_calls_predict_xml(tmp_path, monkeypatch, capsys):
                                  "--out", str(out), "--set", "predict.tta=none"], capsys)
     assert code == 0, err
     assert calls["xml"] == str(xml) and calls["ckpts"] == [str(a), str(b)]
-    assert calls["predict"]["tta"] == "none" and calls["crop"]["side"] == DEFAULTS["crop"]["side"] and "schema" in calls["data"]
+    assert calls["tta"] == "none" and calls["n_jobs"] == DEFAULTS["crop"]["n_jobs"] and calls["schema"].k == 68
+    assert calls["batch_size"] == DEFAULTS["predict"]["batch_size"]
     vals = read_submission(out)
     np.testing.assert_array_equal(vals, np.arange(3 * 68 * 2))
 

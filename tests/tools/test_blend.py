@@ -178,6 +178,47 @@ def test_blend_command_end_to_end(tmp_path, tiny_workspace, demo_dir, solution, 
     assert set(groups) == set(IBUG68.groups)
 
 
+def write_calibrated_input(folder: Path, cache: Path, offset: float, seed: int) -> dict:
+    """A predictions folder as `pipeline predict` writes it with calibration on: OOF and test
+    predictions off by `offset` px (plus noise), `ensemble` = `ensemble_raw` - the OOF bias."""
+    from pipeline.keypoints.calibrate import keypoint_bias
+
+    truth = read_array(cache / "train", "keypoints_orig").astype(np.float64)
+    ids = read_meta(cache / "train")["face_id"].astype(str).tolist()
+    test_ids = read_meta(cache / "test")["face_id"].astype(str).tolist()
+    rng = np.random.default_rng(seed)
+    oof = truth + offset + rng.normal(0, 1, truth.shape)
+    raw = truth.mean(0) + offset + rng.normal(0, 1, (len(test_ids), *truth.shape[1:]))
+    bias = keypoint_bias(oof, truth)
+    folder.mkdir(parents=True)
+    write_oof_predictions(folder / "oof.npz", tta=oof, plain=oof, fold=np.arange(len(truth)) % 2, face_id=ids,
+                          keypoint_names=IBUG68.names)
+    write_test_predictions(folder / "test.npz", ensemble=raw - bias, ensemble_raw=raw, per_fold=raw[None], folds=[0],
+                           bias=bias, calibrated=True, oof_kind="tta", face_id=test_ids, keypoint_names=IBUG68.names)
+    return {"raw": raw, "calibrated": raw - bias, "bias": bias}
+
+
+@pytest.mark.parametrize("calibrate", ["on", "off"])
+def test_a_blend_that_keeps_one_input_gives_its_predictions(tmp_path, tiny_workspace, calibrate, capsys):
+    """The blend starts from each input's uncalibrated fold ensemble (`ensemble_raw`), as its
+    weights and its own bias are fitted on uncalibrated OOF predictions: a blend whose weights
+    all go to one input gives that input's raw predictions with --calibrate off and its
+    calibrated ones (the same OOF bias subtracted once) with --calibrate on."""
+    cache = tiny_workspace / "cache"
+    good = write_calibrated_input(tmp_path / "good", cache, 3.0, 0)
+    write_calibrated_input(tmp_path / "far", cache, 40.0, 1)  # off the same way, further: weight 0
+    out = tmp_path / "out"
+    code, _, err = run_cli(["blend", tmp_path / "good", tmp_path / "far", "--cache", cache, "--out", out,
+                            "--calibrate", calibrate], capsys)
+    assert code == 0, err
+    assert json.loads((out / "blend.json").read_text())["weights"]["all"] == [1.0, 0.0]
+    test = read_predictions(out / "predictions" / "test.npz", ("ensemble", "ensemble_raw", "bias", "calibrated"))
+    np.testing.assert_array_equal(test["ensemble_raw"], good["raw"])
+    np.testing.assert_array_equal(test["bias"], good["bias"])
+    assert bool(test["calibrated"]) == (calibrate == "on")
+    np.testing.assert_array_equal(test["ensemble"], good["calibrated"] if calibrate == "on" else good["raw"])
+
+
 @pytest.mark.parametrize("change, blamed", [
     ({"face_id": "shuffled"}, "face_id differ from the train"),
     ({"test_face_id": "shuffled"}, "test face_id differ from the test"),

@@ -122,7 +122,7 @@ def test_predict_cli_onnx_backend_agrees_with_torch(trained, tiny_workspace, tmp
 
 def test_predict_image_uses_the_checkpoint_crop_and_runs_from_onnx(trained, exported, tiny_workspace, demo_dir,
                                                                   tmp_path, monkeypatch):
-    import pipeline.tools.detect as detect
+    import pipeline.inference.landmarker as landmarker
     from pipeline.formats.annotations import read_image
     from pipeline.formats.cache import load_cache
     from pipeline.inference.tta import predict_original
@@ -133,7 +133,7 @@ def test_predict_image_uses_the_checkpoint_crop_and_runs_from_onnx(trained, expo
     photo = demo_dir / row.image
     box = np.array([[row.box_left, row.box_top, row.box_width, row.box_height]], dtype=np.float64)
     # the detector is not under test here: it returns the face's own box
-    monkeypatch.setattr(detect, "locate_faces", lambda image, max_faces=0, detector=None: (box, box))
+    monkeypatch.setattr(landmarker, "locate_faces", lambda image, max_faces=0, detector=None: (box, box))
     image = read_image(photo)
     model, ckpt = load_model(trained, "cpu")
 
@@ -161,8 +161,8 @@ def test_heatmaps_and_morph_crop_photos_with_the_checkpoint_geometry(trained, ti
     import pipeline.inference.photos as photos
     from pipeline.formats.annotations import read_image
     from pipeline.formats.cache import load_cache
-    from pipeline.inference.predictor import load_models
-    from pipeline.inference.tta import predict_boxes, predict_original
+    from pipeline.inference.landmarker import Landmarker
+    from pipeline.inference.tta import predict_original
     from pipeline.keypoints.geometry import crop_one, crop_transform, to_crop
     from pipeline.tools.morph import morph_face
     from pipeline.tools.viz import face_from_source
@@ -178,17 +178,18 @@ def test_heatmaps_and_morph_crop_photos_with_the_checkpoint_geometry(trained, ti
     np.testing.assert_array_equal(face, crop_one(image, crop_transform(box[0], 1.25, 32), 32))
     assert face.shape == (32, 32, 3)
 
-    models = load_models([trained], torch.device("cpu"))
-    frame, pts, _ = morph_face(str(photo), models, load_config(None, []), str(tiny_workspace / "cache"), "test",
-                               40, 1.6, str(demo_dir), torch.device("cpu"))
+    landmarker = Landmarker.from_checkpoints([trained], device="cpu")
+    frame, pts, _ = morph_face(str(photo), landmarker, load_config(None, []), str(tiny_workspace / "cache"), "test",
+                               40, 1.6, str(demo_dir))
     a = crop_transform(box[0], 1.6, 40)  # the morph frame's own view of the photo
     stamped = crop_transform(box[0], 1.25, 32)[None]  # the model's own crop of the face
     want = predict_original(model, ckpt, crop_one(image, stamped[0], 32)[None], stamped, "flip", 8,
                             torch.device("cpu"))["final"][0]
-    # load_models folds BatchNorm into the convs: equal up to float rounding
+    # the Landmarker folds BatchNorm into the convs: equal up to float rounding
     np.testing.assert_allclose(pts, to_crop(want[None], a[None])[0], atol=1e-3)
-    other = [(m, {**c, "crop": {"size": 48, "expand": 1.6, "label_origin": 0.0}}) for m, c in models]  # the params
-    assert np.abs(predict_boxes(image, box, other, "flip", torch.device("cpu"))[0] - want).max() > 0.5
+    other = Landmarker([(m, {**c, "crop": {"size": 48, "expand": 1.6, "label_origin": 0.0}})  # the params
+                        for m, c in zip(landmarker.models, landmarker.metas)])
+    assert np.abs(other.predict(image, box)[0] - want).max() > 0.5
 
 
 def test_heatmaps_and_morph_from_an_exported_model(exported, tiny_workspace, demo_dir, tmp_path):

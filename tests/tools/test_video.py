@@ -5,15 +5,13 @@ import json
 import cv2
 import numpy as np
 import pytest
-import torch
 
 from pipeline.core.config import load_config
 from pipeline.core.errors import PipelineError
 from pipeline.detection.haar import cascade_available
 from pipeline.formats.video import open_video
 from pipeline.formats.video_csv import read_video_csv
-from pipeline.inference.predictor import load_models
-from pipeline.inference.tta import predict_boxes, predict_many
+from pipeline.inference.landmarker import Landmarker
 from pipeline.stages.train import fit
 from pipeline.synth.moving_face import make_test_video, source_face
 from pipeline.tools.video import _as_pred, clip_stats, score_video, track_video
@@ -69,11 +67,11 @@ def test_predict_video_writes_the_video_and_the_csv(tiny_model, videos, tmp_path
 @needs_haar
 def test_smoothing_reduces_still_jitter_and_keeps_moving_nme(tiny_model, videos, tmp_path):
 
-    models = load_models([tiny_model], torch.device("cpu"))
+    landmarker = Landmarker.from_checkpoints([tiny_model], device="cpu")
     vcfg = load_config(None, HAAR[1::2])["video"]
     scores = {}
     for kind, (src, truth_csv) in videos.items():
-        res = track_video(src, models, vcfg, progress=False)
+        res = track_video(src, landmarker, vcfg, progress=False)
         truth = read_video_csv(truth_csv)
         scores[kind] = {k: score_video(_as_pred(res, res[k]), truth) for k in ("raw", "smoothed")}
         scores[kind]["stats"] = clip_stats(res)
@@ -93,7 +91,7 @@ def test_predict_video_smooth_off_writes_raw_points(tiny_model, videos, tmp_path
     assert run(["predict-video", src, "--checkpoint", tiny_model, "--out", tmp_path / "a.mp4",
                 "--csv", tmp_path / "off.csv", "--smooth", "off", *HAAR]) == 0
     vcfg = load_config(None, HAAR[1::2])["video"]
-    res = track_video(src, load_models([tiny_model], torch.device("cpu")), vcfg, progress=False)
+    res = track_video(src, Landmarker.from_checkpoints([tiny_model], device="cpu"), vcfg, progress=False)
     np.testing.assert_allclose(read_video_csv(tmp_path / "off.csv")["points"], res["raw"], atol=5e-4)
 
 
@@ -126,17 +124,17 @@ def test_make_test_video_command(tmp_path, capsys):
     assert run(["make-test-video", tmp_path / "s.avi"]) == 2
 
 
-def test_predict_many_equals_one_photo_at_a_time(tiny_model):
+def test_predict_batch_equals_one_photo_at_a_time(tiny_model):
 
-    models = load_models([tiny_model], torch.device("cpu"))
+    landmarker = Landmarker.from_checkpoints([tiny_model], device="cpu", batch_size=2)
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 255, (120, 150, 3), dtype=np.uint8) for _ in range(3)]
     boxes = [np.array([[20.0, 20, 60, 70], [70, 30, 50, 55]]), np.zeros((0, 4)), np.array([[10.0, 5, 90, 100]])]
-    together = predict_many(list(zip(images, boxes)), models, "flip", batch_size=2)
+    together = landmarker.predict_batch(images, boxes)
     assert [len(p) for p in together] == [2, 0, 1]
     for im, b, p in zip(images, boxes, together):
         if len(b):
-            np.testing.assert_allclose(p, predict_boxes(im, b, models, "flip"), atol=1e-4)
+            np.testing.assert_allclose(p, landmarker.predict(im, b), atol=1e-4)
 
 
 @needs_haar

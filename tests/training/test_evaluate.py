@@ -3,18 +3,32 @@ import math
 from types import SimpleNamespace
 
 import numpy as np
+import pytest
 
+from pipeline.core.errors import PipelineError
 from pipeline.training import loop
 
 
-def test_nme_is_nan_when_no_face_has_distinct_eye_corners(monkeypatch):
-    """nme() is None when every validation face's eye corners coincide (degenerate labels):
-    the epoch's NME is NaN, MAE still counted, and training does not crash on float(None)."""
+def _cache(truth, eyes):
+    n = len(truth)
+    return SimpleNamespace(faces=np.zeros((n, 8, 8, 3), np.uint8), crop_to_orig=np.zeros((n, 2, 3)),
+                           keypoints_orig=truth, schema=SimpleNamespace(eyes=eyes), path="cache/train")
+
+
+def test_no_face_with_distinct_eye_corners_is_an_error_naming_the_cache(monkeypatch):
+    """Every validation face's eye corners coincide (degenerate labels): NME is undefined, a
+    one-line error naming the cache, not a crash on float(None)."""
     truth = np.zeros((2, 3, 2))  # (N, K, 2): eye corners 0 and 1 at the same point
-    pred = truth + 1.0
-    monkeypatch.setattr(loop, "predict_original", lambda *a, **kw: {"final": pred})
-    cache = SimpleNamespace(faces=np.zeros((2, 8, 8, 3), np.uint8), crop_to_orig=np.zeros((2, 2, 3)),
-                            keypoints_orig=truth, schema=SimpleNamespace(eyes=(0, 1)))
-    out = loop.evaluate(None, cache, np.arange(2), {}, batch_size=2, device="cpu")
+    monkeypatch.setattr(loop, "predict_original", lambda *a, **kw: {"final": truth + 1.0})
+    with pytest.raises(PipelineError) as e:
+        loop.evaluate(None, _cache(truth, (0, 1)), np.arange(2), {}, batch_size=2, device="cpu")
+    assert "cache/train" in str(e.value) and "inter-ocular distance 0" in str(e.value)
+
+
+def test_nme_is_nan_when_the_schema_has_no_eyes_in_range(monkeypatch):
+    """eyes beyond K (nme() gives None): the epoch's NME is NaN, MAE still counted."""
+    truth = np.zeros((2, 3, 2))
+    monkeypatch.setattr(loop, "predict_original", lambda *a, **kw: {"final": truth + 1.0})
+    out = loop.evaluate(None, _cache(truth, (36, 45)), np.arange(2), {}, batch_size=2, device="cpu")
     assert out["mae"] == 1.0
     assert math.isnan(out["nme"])

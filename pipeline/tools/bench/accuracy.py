@@ -10,10 +10,9 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.formats.annotations import load_xml, read_image, safe_image_path
+from pipeline.formats.annotations import crop_faces, load_xml, read_image, safe_image_path
 from pipeline.formats.submission import read_solution
-from pipeline.inference.predictor import crops_for_checkpoint, load_predictor
-from pipeline.inference.tta import predict_original
+from pipeline.inference.landmarker import Landmarker
 from pipeline.keypoints.metrics import mae, nme
 from pipeline.keypoints.schema import get_schema
 from pipeline.tools.bench.references import dlib_or_skip, mean_shape_baseline
@@ -42,22 +41,30 @@ def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device
     out["mean_shape"] = {**_score(pred, truth, schema.eyes), "faces_per_s": len(test) / max(dt, 1e-9)}
 
     crops_by: dict[tuple, tuple] = {}
+
+    def crop(size: int, expand: float, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The test faces at a geometry, cropped once (not timed); the first n of them."""
+        if (size, expand) not in crops_by:
+            crops_by[size, expand] = crop_faces(test, test_xml.parent, size, expand, cfg["crop"]["n_jobs"], test_xml)
+        crops, a = crops_by[size, expand]
+        return crops[:n], a[:n]
+
+    tta = cfg["predict"]["tta"]
     for path in checkpoints:
-        model, ckpt = load_predictor(path, None, device, schema=schema)  # an exported .onnx runs on onnxruntime
-        crops, a = crops_for_checkpoint(test, test_xml, ckpt, path, cfg["crop"]["n_jobs"], crops_by)
-        tta = cfg["predict"]["tta"]
-        predict_original(model, ckpt, crops[:2], a[:2], tta, batch_size, device)  # warm-up
         res = {}
         for nt, tag in ((None, ""), (1, "_1thread")):
-            if nt is not None and Path(path).suffix == ".onnx":  # an onnxruntime session fixes its threads
-                model = load_predictor(path, None, device, schema=schema, threads=nt)[0]
-                predict_original(model, ckpt, crops[:2], a[:2], tta, batch_size, device)  # warm-up
+            if nt is None or Path(path).suffix == ".onnx":  # an onnxruntime session fixes its threads
+                # an exported .onnx runs on onnxruntime
+                landmarker = Landmarker.from_checkpoints([path], None, device, tta, batch_size=batch_size,
+                                                         schema=schema, threads=nt)
+                landmarker.predict_faces(lambda size, expand: crop(size, expand, 2))  # warm-up
             with num_threads(nt):
                 sync(device)
                 t0 = time.perf_counter()
-                pred = predict_original(model, ckpt, crops, a, tta, batch_size, device)["final"]
+                pred = landmarker.predict_faces(crop)
                 sync(device)
                 res["faces_per_s" + tag] = len(test) / (time.perf_counter() - t0)
+        ckpt = landmarker.metas[0]
         out[f"checkpoint:{path}"] = {**_score(pred, truth, schema.eyes), **res, "tta": tta,
                                      "preset": ckpt["model_config"]["preset"],
                                      "input_size": ckpt["model_config"]["input_size"]}

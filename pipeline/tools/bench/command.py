@@ -14,7 +14,7 @@ from pipeline.core.config import config_options, with_overrides
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, write_json
-from pipeline.formats.checkpoint import checkpoint_crop, load_model
+from pipeline.formats.checkpoint import checkpoint_crop, crop_stamp, load_model
 from pipeline.keypoints.schema import get_schema
 from pipeline.models import create_model, default_input_size, list_presets
 from pipeline.tools.bench.accuracy import bench_accuracy
@@ -131,7 +131,7 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
                              **options_for(presets[0]))
         crop_size = cfg["crop"]["side"]
         meta = {"model_config": model.config, "schema": schema.to_dict(),
-                "crop": {"size": crop_size, "expand": cfg["crop"]["expand"], "label_origin": cfg["data"]["label_origin"]}}
+                "crop": crop_stamp(crop_size, cfg["crop"]["expand"], cfg["data"]["label_origin"])}
         res["batch1_model"] = f"{presets[0]} (untrained)"
     log.info("batch 1, one core: %s ...", res["batch1_model"])
     res["batch1"] = bench_batch1(model, meta, crop_size, max(min_time, 0.01) * 3, use_dlib=use_dlib,
@@ -148,7 +148,7 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
         size = size_for(preset)
         model = create_model(preset, schema.k, in_chans=mcfg["in_chans"], input_size=size, **options_for(preset))
         meta = {"model_config": model.config, "schema": schema.to_dict(),
-                "crop": {"size": size, "expand": cfg["crop"]["expand"], "label_origin": cfg["data"]["label_origin"]}}
+                "crop": crop_stamp(size, cfg["crop"]["expand"], cfg["data"]["label_origin"])}
         log.info("batch 1, one core: %s (untrained, %d px) ...", preset, size)
         res["batch1_presets"][preset] = bench_batch1(
             model, meta, size, max(min_time, 0.01) * 3, use_dlib=use_dlib, expand=checkpoint_crop(meta)[1],

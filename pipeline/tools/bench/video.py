@@ -10,6 +10,7 @@ import torch
 
 from pipeline.core.errors import PipelineError
 from pipeline.detection.detectors import get_detector
+from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.predictor import prepare_torch
 from pipeline.tools.video import measure_smoothing
 
@@ -23,8 +24,8 @@ def bench_video(model, meta: dict, cfg: dict, n_frames: int = 60) -> dict[str, A
     except PipelineError as e:
         return {"skipped": e.problem}
     with tempfile.TemporaryDirectory(prefix="bench-video-") as d:
-        res = measure_smoothing([(prepare_torch(model), meta)], cfg["video"], d, n_frames,
-                                tta=cfg["predict"]["tta"], device=torch.device("cpu"))
+        landmarker = Landmarker([(prepare_torch(model), meta)], tta=cfg["predict"]["tta"], device=torch.device("cpu"))
+        res = measure_smoothing(landmarker, cfg["video"], d, n_frames)
     res["detector"] = det.description
     return res
 

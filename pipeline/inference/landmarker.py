@@ -1,0 +1,233 @@
+"""`Landmarker`: the one keypoint predictor, and the package's Python API
+(`from pipeline import Landmarker`). It holds one or more models (fold checkpoints or
+exported .onnx files) and owns everything between a photo and its keypoints:
+
+* cropping each face as each model was trained (its checkpoint's crop side and expand;
+  models of one geometry share the crops),
+* flip and scale/shift (jitter) TTA (pipeline/inference/tta.py `predict_original`),
+* the fold ensemble: the mean over models, here and nowhere else,
+* the optional OOF calibration: a per-keypoint bias (K, 2) subtracted from that mean,
+* the way back to the photo's pixels (crop transform, the labels' pixel origin),
+* face detection (pipeline/detection) when no boxes are given.
+
+The predict stage, `submit --xml`, predict-image, predict-video, morph and bench's accuracy
+timing all predict through it."""
+
+from __future__ import annotations
+
+import glob
+import logging
+import os
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import numpy as np
+import torch
+
+from pipeline.core.device import resolve_device
+from pipeline.core.errors import PipelineError
+from pipeline.detection.detectors import locate_faces
+from pipeline.formats.annotations import crop_faces, load_xml, read_image
+from pipeline.formats.checkpoint import checkpoint_crop
+from pipeline.inference.predictor import load_predictor
+from pipeline.inference.tta import predict_original
+from pipeline.keypoints.geometry import crop_one, crop_transform
+from pipeline.keypoints.schema import KeypointSchema, schema_from_dict
+
+log = logging.getLogger(__name__)
+
+TTA_MODES = ("none", "flip")
+
+# (crop side, expand) -> (crops uint8 (N, S, S, 3), crop_to_orig float64 (N, 2, 3)): every
+# face cropped at one geometry, in one order
+CropFn = Callable[[int, float], tuple[np.ndarray, np.ndarray]]
+
+
+def check_tta(tta: str, jitter: float, where: str | os.PathLike | None = None, prefix: str = "") -> None:
+    """tta must be none|flip; jitter views only with flip: the OOF predictions come in two
+    kinds (flip TTA with the jitter views, and one plain view), and a jittered prediction
+    without flip would be a third that neither the OOF scores nor the OOF calibration measure.
+    `prefix` ('predict.') names the params in the message."""
+    if tta not in TTA_MODES:
+        raise PipelineError(where, f"{prefix}tta must be none|flip, got '{tta}'")
+    if tta == "none" and jitter > 0:
+        raise PipelineError(where, f"{prefix}tta_jitter {jitter:g} needs {prefix}tta flip (the jitter views are "
+                                   f"scored out of fold only with flip TTA); set {prefix}tta_jitter 0 or "
+                                   f"{prefix}tta flip")
+
+
+def _expand_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
+    """A path, a glob pattern ('models/fold*/best.pt', sorted) or a list of paths."""
+    if isinstance(paths, (str, os.PathLike)):
+        text = str(paths)
+        if not Path(text).exists() and glob.has_magic(text):
+            found = sorted(glob.glob(text))
+            if not found:
+                raise PipelineError(text, "matches no checkpoint")
+            return [Path(p) for p in found]
+        return [Path(text)]
+    return [Path(p) for p in paths]
+
+
+class Landmarker:
+    """Keypoints (M, K, 2), x then y in image pixels, of the faces in photos.
+
+    models: [(model, meta)] as `pipeline.inference.predictor.load_predictor` returns them
+    (`from_checkpoints` loads them). tta: none | flip; jitter: the scale/shift views of
+    pipeline/keypoints/views.py (0 = off); calibration: None or a (K, 2) bias subtracted from
+    the fold mean; device, batch_size, amp (auto | on | off | bf16 | fp16): how the models run;
+    detector: auto | mtcnn | dlib | haar, for photos given without boxes; paths: where the
+    models came from (for error lines); schema: the models' (default: the first one's)."""
+
+    def __init__(self, models: Sequence[tuple[Any, dict]], *, tta: str = "flip", jitter: float = 0.0,
+                 calibration: np.ndarray | None = None, device: str | torch.device = "cpu", batch_size: int = 64,
+                 amp: str = "auto", detector: str = "auto", paths: Sequence[str | os.PathLike] | None = None,
+                 schema: KeypointSchema | None = None):
+        if not models:
+            raise PipelineError(None, "no checkpoints given")
+        check_tta(tta, jitter)
+        self.models = [m for m, _ in models]
+        self.metas = [meta for _, meta in models]
+        self.paths = [None] * len(models) if paths is None else [Path(p) for p in paths]
+        self.schema: KeypointSchema = schema or schema_from_dict(self.metas[0]["schema"])
+        for meta, path in zip(self.metas, self.paths):
+            theirs = meta["schema"]
+            if theirs.get("names") != list(self.schema.names) or theirs.get("flip") != list(self.schema.flip_perm):
+                raise PipelineError(path, f"model is for schema '{theirs.get('name')}' ({len(theirs.get('names', []))} "
+                                          f"points), the others for '{self.schema.name}' ({self.schema.k} points)")
+        self.geometries = [checkpoint_crop(meta, path) for meta, path in zip(self.metas, self.paths)]
+        self.tta, self.jitter = tta, float(jitter)
+        self.device = resolve_device(device) if isinstance(device, str) else device
+        self.batch_size, self.amp, self.detector = int(batch_size), amp, detector
+        self.calibration = calibration
+
+    @classmethod
+    def from_checkpoints(cls, paths: str | os.PathLike | Sequence[str | os.PathLike], backend: str | None = "torch",
+                         device: str | torch.device = "auto", tta: str = "flip", jitter: float = 0.0,
+                         calibration: np.ndarray | None = None, batch_size: int = 64, amp: str = "auto",
+                         detector: str = "auto", schema: KeypointSchema | None = None,
+                         threads: int | None = None) -> Landmarker:
+        """Load checkpoints (.pt) or exported models (.onnx, always on onnxruntime); `paths`
+        may be a glob pattern. backend: torch | onnx (None: by file suffix); threads: the
+        onnxruntime session's. All must share `schema` (default: the first one's)."""
+        paths = _expand_paths(paths)
+        if not paths:
+            raise PipelineError(None, "no checkpoints given")
+        check_tta(tta, jitter)
+        dev = resolve_device(device) if isinstance(device, str) else device
+        models = []
+        for p in paths:
+            model, meta = load_predictor(p, backend, dev, schema=schema, threads=threads)
+            schema = schema or schema_from_dict(meta["schema"])
+            models.append((model, meta))
+        return cls(models, tta=tta, jitter=jitter, calibration=calibration, device=dev, batch_size=batch_size,
+                   amp=amp, detector=detector, paths=paths, schema=schema)
+
+    def __len__(self) -> int:
+        return len(self.models)
+
+    @property
+    def calibration(self) -> np.ndarray | None:
+        """The per-keypoint bias (K, 2) subtracted from the fold mean, or None."""
+        return self._calibration
+
+    @calibration.setter
+    def calibration(self, bias: np.ndarray | None) -> None:
+        if bias is not None:
+            bias = np.asarray(bias, dtype=np.float64)
+            if bias.shape != (self.schema.k, 2) or not np.isfinite(bias).all():
+                raise PipelineError(None, f"calibration must be a finite ({self.schema.k}, 2) bias, "
+                                          f"got shape {bias.shape}")
+        self._calibration = bias
+
+    # ------------------------------------------------------------------ the ensemble
+
+    def ensemble(self, per_fold: np.ndarray, raw: bool = False) -> np.ndarray:
+        """The fold ensemble of per-model predictions (F, N, K, 2) -> (N, K, 2): their mean,
+        minus the calibration bias when one is set (unless `raw`)."""
+        mean = np.asarray(per_fold).mean(0)
+        return mean if raw or self._calibration is None else mean - self._calibration
+
+    def check_crops(self, size: int, expand: float, where: str | os.PathLike | None = None) -> None:
+        """Faces cropped at (size, expand) (a face cache) fit every model: each predicts only
+        faces cropped as in its training."""
+        for path, (want_size, want_expand) in zip(self.paths, self.geometries):
+            if (want_size, want_expand) != (int(size), float(expand)):
+                raise PipelineError(path, f"trained on {want_size} px crops with expand {want_expand:g}, but the "
+                                          f"cache {where} holds {int(size)} px crops with expand {float(expand):g} "
+                                          "(rerun `pipeline crop` with the training's crop params, or retrain)")
+
+    def _predict_model(self, i: int, crops: np.ndarray, crop_to_orig: np.ndarray, tta: str,
+                       progress: bool) -> dict[str, np.ndarray]:
+        return predict_original(self.models[i], self.metas[i], crops, crop_to_orig, tta, self.batch_size,
+                                self.device, progress=progress, amp=self.amp, amp_key="predict.amp",
+                                jitter=self.jitter)
+
+    def predict_cached(self, crops: np.ndarray, crop_to_orig: np.ndarray, *, models: Sequence[int] | None = None,
+                       tta: str | None = None, progress: bool = False) -> dict[str, np.ndarray]:
+        """Per-model predictions, original pixels, of faces already cropped at the models'
+        geometry (a face cache: see `check_crops`): {"final": (F, N, K, 2) what the ensemble
+        averages, "plain": no TTA, and with flip or jitter "tta"}, F = len(models) (indices,
+        default all). `tta` overrides the Landmarker's (the predict stage scores out-of-fold
+        faces with flip, to keep both kinds)."""
+        idx = range(len(self)) if models is None else list(models)
+        views = [self._predict_model(i, crops, crop_to_orig, tta or self.tta, progress) for i in idx]
+        return {k: np.stack([v[k] for v in views]) for k in views[0] if k != "flip"}
+
+    def per_model(self, crop: CropFn, progress: bool = False) -> np.ndarray:
+        """Every model's final predictions (F, N, K, 2) of the faces `crop(size, expand)` gives,
+        cropped once per geometry."""
+        by_geometry: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
+        preds = []
+        for i, geometry in enumerate(self.geometries):
+            if geometry not in by_geometry:
+                by_geometry[geometry] = crop(*geometry)
+            crops, crop_to_orig = by_geometry[geometry]
+            preds.append(self._predict_model(i, crops, crop_to_orig, self.tta, progress)["final"])
+        return np.stack(preds)
+
+    def predict_faces(self, crop: CropFn, progress: bool = False) -> np.ndarray:
+        """The ensemble (N, K, 2) of the faces `crop(size, expand)` gives."""
+        return self.ensemble(self.per_model(crop, progress))
+
+    # ------------------------------------------------------------------ photos
+
+    def detect(self, image: np.ndarray, max_faces: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """(boxes in the training convention (M, 4), raw detector boxes (M, 4)), largest first."""
+        return locate_faces(image, max_faces, self.detector)
+
+    def predict(self, image: np.ndarray | str | os.PathLike, boxes: np.ndarray | None = None,
+                max_faces: int = 0) -> np.ndarray:
+        """Keypoints (M, K, 2) in image pixels of the faces in `image` (RGB uint8 (H, W, 3),
+        or a photo path). boxes (M, 4) [left, top, width, height] in the training convention
+        (the competition XML's); None: the detector's faces (max_faces: the largest N, 0 all)."""
+        return self.predict_batch([image], None if boxes is None else [boxes], max_faces)[0]
+
+    def predict_batch(self, images: Sequence[np.ndarray | str | os.PathLike],
+                      boxes_list: Sequence[np.ndarray] | None = None, max_faces: int = 0) -> list[np.ndarray]:
+        """`predict` for several photos at once: the faces of all go through each model in
+        batches of batch_size. Returns one (M_i, K, 2) array per photo."""
+        images = [read_image(im) if isinstance(im, (str, os.PathLike)) else np.asarray(im) for im in images]
+        if boxes_list is None:
+            boxes_list = [self.detect(im, max_faces)[0] for im in images]
+        if len(boxes_list) != len(images):
+            raise PipelineError(None, f"{len(images)} images but {len(boxes_list)} box arrays")
+        boxes_list = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes_list]
+        counts = [len(b) for b in boxes_list]
+        if not sum(counts):
+            return [np.zeros((0, self.schema.k, 2)) for _ in images]
+        photo_of = [im for im, boxes in zip(images, boxes_list) for _ in boxes]  # the photo of every face
+        all_boxes = [b for boxes in boxes_list for b in boxes]
+
+        def crop(size: int, expand: float) -> tuple[np.ndarray, np.ndarray]:
+            a = np.stack([crop_transform(b, expand, size) for b in all_boxes])
+            return np.stack([crop_one(im, m, size) for im, m in zip(photo_of, a)]), a
+
+        return np.split(self.predict_faces(crop), np.cumsum(counts)[:-1])
+
+    def predict_xml(self, xml_path: str | os.PathLike, n_jobs: int = 1) -> np.ndarray:
+        """Keypoints (N, K, 2) of every face of a competition-format XML (its boxes), cropped
+        from its photos as `pipeline crop` crops them, in the XML's order."""
+        faces = load_xml(xml_path, self.schema, require_parts=False)
+        return self.predict_faces(lambda size, expand: crop_faces(faces, Path(xml_path).parent, size, expand,
+                                                                  n_jobs, xml_path))

@@ -1,0 +1,121 @@
+"""Landmarker: the one predictor (crops per checkpoint geometry, TTA, the fold ensemble, OOF
+calibration, detection), and the README's Python API example run as a user would."""
+
+import os
+import re
+import shutil
+
+import cv2
+import numpy as np
+import pytest
+import torch
+
+from pipeline.core.errors import PipelineError
+from pipeline.detection.detectors import get_detector
+from pipeline.detection.haar import cascade_available
+from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.tta import predict_original
+from pipeline.keypoints.geometry import crop_one, crop_transform
+from pipeline.keypoints.schema import IBUG68
+
+from conftest import REPO
+
+
+class Fixed(torch.nn.Module):
+    """The same coordinates (input pixels) for any input."""
+
+    def __init__(self, coords):
+        super().__init__()
+        self.coords = torch.as_tensor(coords, dtype=torch.float32)
+
+    def forward(self, x):
+        return self.coords.expand(x.shape[0], -1, -1)
+
+
+def _meta(size, expand, origin=0.0):
+    return {"model_config": {"input_size": 32, "in_chans": 3}, "schema": IBUG68.to_dict(),
+            "crop": {"size": size, "expand": expand, "label_origin": origin}}
+
+
+COORDS = [np.random.default_rng(i).uniform(0, 31, (68, 2)) for i in range(2)]
+IMAGE = np.random.default_rng(5).integers(0, 256, (120, 160, 3), dtype=np.uint8)
+BOXES = np.array([[30.0, 20, 50, 60], [90, 40, 40, 45]])
+
+
+def test_each_model_crops_as_trained_and_the_ensemble_is_their_mean_less_the_bias():
+    models = [(Fixed(COORDS[0]), _meta(32, 1.25)), (Fixed(COORDS[1]), _meta(40, 1.6, 1.0))]
+    landmarker = Landmarker(models, tta="flip", device="cpu")
+    want = []
+    for model, meta in models:
+        size, expand = meta["crop"]["size"], meta["crop"]["expand"]
+        a = np.stack([crop_transform(b, expand, size) for b in BOXES])
+        faces = np.stack([crop_one(IMAGE, m, size) for m in a])
+        want.append(predict_original(model, meta, faces, a, "flip", 8, torch.device("cpu"))["final"])
+    mean = (want[0] + want[1]) / 2
+    np.testing.assert_allclose(landmarker.predict(IMAGE, BOXES), mean, atol=1e-9)
+    bias = np.random.default_rng(3).normal(0, 2, (68, 2))
+    landmarker.calibration = bias
+    np.testing.assert_allclose(landmarker.predict(IMAGE, BOXES), mean - bias, atol=1e-9)
+    per_fold = landmarker.per_model(lambda size, expand: (np.stack([crop_one(IMAGE, crop_transform(b, expand, size),
+                                                                             size) for b in BOXES]),
+                                                          np.stack([crop_transform(b, expand, size) for b in BOXES])))
+    np.testing.assert_allclose(per_fold, np.stack(want), atol=1e-9)
+    np.testing.assert_allclose(landmarker.ensemble(per_fold, raw=True), mean, atol=1e-9)
+    with pytest.raises(PipelineError, match=r"calibration must be a finite \(68, 2\) bias"):
+        landmarker.calibration = np.zeros((5, 2))
+
+
+def test_predict_batch_detects_when_no_boxes_and_keeps_photos_apart(monkeypatch):
+    import pipeline.inference.landmarker as lm
+
+    seen = []
+    monkeypatch.setattr(lm, "locate_faces", lambda image, max_faces=0, detector=None:
+                        (seen.append((image.shape, max_faces, detector)) or BOXES[:1], BOXES[:1]))
+    landmarker = Landmarker([(Fixed(COORDS[0]), _meta(32, 1.25))], tta="none", detector="haar")
+    blank = np.zeros((50, 60, 3), np.uint8)
+    out = landmarker.predict_batch([IMAGE, blank], [BOXES, np.zeros((0, 4))])
+    assert [p.shape for p in out] == [(2, 68, 2), (0, 68, 2)] and not seen
+    np.testing.assert_allclose(out[0], landmarker.predict(IMAGE, BOXES))
+    np.testing.assert_allclose(landmarker.predict(IMAGE, max_faces=1), landmarker.predict(IMAGE, BOXES[:1]))
+    assert seen == [(IMAGE.shape, 1, "haar")]
+
+
+def test_models_of_other_schemas_and_tta_none_with_jitter_are_refused():
+    with pytest.raises(PipelineError, match="tta_jitter 0.1 needs tta flip"):
+        Landmarker([(Fixed(COORDS[0]), _meta(32, 1.25))], tta="none", jitter=0.1)
+    with pytest.raises(PipelineError, match="tta must be none|flip"):
+        Landmarker([(Fixed(COORDS[0]), _meta(32, 1.25))], tta="mirror")
+    other = {**_meta(32, 1.25), "schema": {"name": "custom", "names": ["a"], "flip": [0], "eyes": None}}
+    with pytest.raises(PipelineError, match="model is for schema 'custom'"):
+        Landmarker([(Fixed(COORDS[0]), _meta(32, 1.25)), (Fixed(COORDS[1]), other)])
+
+
+def _readme_example() -> str:
+    text = (REPO / "README.md").read_text()
+    section = text.split("## Python API", 1)[1].split("\n## ", 1)[0]
+    return re.search(r"```python\n(.*?)```", section, re.S).group(1)
+
+
+@pytest.mark.skipif(not cascade_available(), reason="this OpenCV has no Haar cascade (OpenCV 5)")
+def test_the_readme_python_api_example(viz_ws, tmp_path, monkeypatch):
+    """The README's example, as written, in a project folder with two fold checkpoints and a
+    photo the installed detector finds a face in."""
+    from pipeline.synth.moving_face import source_face
+
+    code = _readme_example()
+    assert len(code.strip().splitlines()) == 5
+    for fold in (0, 1):
+        (tmp_path / "models" / f"fold{fold}").mkdir(parents=True)
+        shutil.copy(viz_ws["ckpt"], tmp_path / "models" / f"fold{fold}" / "best.pt")
+    photo, box, _ = source_face()  # the test video's face, chosen for Haar
+    cv2.imwrite(str(tmp_path / "face.jpg"), cv2.cvtColor(photo, cv2.COLOR_RGB2BGR))
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(code, "README.md", "exec"), scope)
+    points, landmarker = scope["points"], scope["landmarker"]
+    assert len(landmarker) == 2 and points.ndim == 3 and points.shape[1:] == (68, 2)
+    assert len(points) >= 1 or get_detector("auto").name != "haar"
+    assert np.isfinite(points).all()
+    h, w = photo.shape[:2]
+    assert (points > -w).all() and (points[..., 0] < 2 * w).all() and (points[..., 1] < 2 * h).all()
+    np.testing.assert_array_equal(landmarker.predict(os.path.join(str(tmp_path), "face.jpg")), points)
