@@ -1,4 +1,4 @@
-"""pipeline.training.loop.evaluate: the validation metrics of an epoch."""
+"""pipeline.training.loop: the validation metrics of an epoch (evaluate)."""
 import math
 from types import SimpleNamespace
 
