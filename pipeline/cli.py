@@ -34,6 +34,7 @@ COMMANDS = {
     "make-test-video": "pipeline.tools.video:make_test_video_cmd",
     "gpu-check": "pipeline.tools.gpu_check:gpu_check_cmd",
     "blend": "pipeline.tools.blend:blend_cmd",
+    "params": "pipeline.tools.params:params_cmd",
 }
 
 

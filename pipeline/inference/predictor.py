@@ -25,6 +25,7 @@ import torch
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from pipeline.core.config import CropParams, DataParams, PredictParams
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.formats.annotations import crop_faces, load_xml
@@ -117,10 +118,10 @@ def load_predictor(path: str | os.PathLike, backend: str | None = "torch", devic
                 return OnnxModel(twin, meta["model_config"], threads), meta
             log.info("%s was exported from another checkpoint: exporting %s again in memory", twin, path.name)
     model, ckpt = load_model(path, "cpu", schema=schema)
-    cfg = ckpt["model_config"]
-    data = onnx_bytes(model, int(cfg["input_size"]), int(cfg["in_chans"]))
+    model_config = ckpt["model_config"]
+    data = onnx_bytes(model, int(model_config["input_size"]), int(model_config["in_chans"]))
     meta = export_meta(ckpt, data, path, hasattr(model, "forward_maps"))
-    return OnnxModel(data, cfg, threads), meta
+    return OnnxModel(data, model_config, threads), meta
 
 
 def crops_for_checkpoint(faces: list, xml_path: str | os.PathLike, ckpt: dict, path: str | os.PathLike,
@@ -134,21 +135,22 @@ def crops_for_checkpoint(faces: list, xml_path: str | os.PathLike, ckpt: dict, p
 
 
 def predict_xml(xml_path: str | os.PathLike, checkpoints: Sequence[str | os.PathLike],
-                predict_cfg: dict, data_cfg: dict, crop_cfg: dict, backend: str = "torch") -> np.ndarray:
+                predict_cfg: PredictParams, data_cfg: DataParams, crop_cfg: CropParams,
+                backend: str = "torch") -> np.ndarray:
     """Predict any test XML with any checkpoints: (N, K, 2) original pixels, fold-averaged."""
     if not checkpoints:
         raise PipelineError(xml_path, "no checkpoints given")
     schema = get_schema(data_cfg)
     faces = load_xml(xml_path, schema, require_parts=False)
-    device = resolve_device(predict_cfg["device"])
+    device = resolve_device(predict_cfg.device)
     by_geometry: dict[tuple, tuple] = {}
     preds = []
     for path in checkpoints:
         model, ckpt = load_predictor(path, backend, device, schema=schema)
-        crops, crop_to_orig = crops_for_checkpoint(faces, xml_path, ckpt, path, crop_cfg["n_jobs"], by_geometry)
-        preds.append(predict_original(model, ckpt, crops, crop_to_orig, predict_cfg["tta"],
-                                      predict_cfg["batch_size"], device, amp=predict_cfg["amp"],
-                                      jitter=predict_cfg["tta_jitter"])["final"])
+        crops, crop_to_orig = crops_for_checkpoint(faces, xml_path, ckpt, path, crop_cfg.n_jobs, by_geometry)
+        preds.append(predict_original(model, ckpt, crops, crop_to_orig, predict_cfg.tta,
+                                      predict_cfg.batch_size, device, amp=predict_cfg.amp,
+                                      jitter=predict_cfg.tta_jitter)["final"])
     return np.mean(preds, axis=0)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from pipeline.core.config import config_options, write_resolved
+from pipeline.core.config import Config, config_options, write_resolved
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
@@ -31,19 +31,19 @@ def fold_checkpoints(models_dir: str | os.PathLike, k: int, name: str) -> dict[i
     return {i: p for i, p in found.items() if p.exists()}
 
 
-def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out_dir: str,
+def run_predict(cfg: Config, cache_dir: str, folds_path: str, models_dir: str, out_dir: str,
                 backend: str = "torch") -> None:
     """The `predict` stage: every fold's model on the test faces (the ensemble, OOF-calibrated
     per predict.calibrate) and on its own validation faces (out of fold) -> out_dir."""
     check_output(out_dir, folder=True)
-    pcfg = cfg["predict"]  # predict.calibrate is one of calibrate.CALIBRATE_MODES (config RANGES)
-    device = resolve_device(pcfg["device"])
+    pcfg = cfg.predict  # predict.calibrate is one of calibrate.CALIBRATE_MODES (a Switch of the config)
+    device = resolve_device(pcfg.device)
     train, test = load_cache(Path(cache_dir) / "train"), load_cache(Path(cache_dir) / "test")
     check_same_run(train, test)
     fold_of = read_folds(folds_path, train.meta, Path(cache_dir) / "train")  # rows must be the cache's faces
-    ckpts = fold_checkpoints(models_dir, int(fold_of.max()) + 1, pcfg["checkpoint"])
+    ckpts = fold_checkpoints(models_dir, int(fold_of.max()) + 1, pcfg.checkpoint)
     if not ckpts:
-        raise PipelineError(models_dir, f"no fold checkpoints named {pcfg['checkpoint']} found")
+        raise PipelineError(models_dir, f"no fold checkpoints named {pcfg.checkpoint} found")
     K = train.schema.k
     oof = {"tta": np.full((len(train), K, 2), np.nan), "plain": np.full((len(train), K, 2), np.nan)}
     per_fold = []
@@ -54,36 +54,36 @@ def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out
     for fold, path in sorted(ckpts.items()):
         model, ckpt = loaded.pop(fold)
         log.info("fold %d: %s (epoch %d, %s)", fold, path, ckpt["epoch"], backend)
-        test_pred = predict_original(model, ckpt, test.faces, test.crop_to_orig, pcfg["tta"],
-                                     pcfg["batch_size"], device, progress=True, amp=pcfg["amp"],
-                                     jitter=pcfg["tta_jitter"])
+        test_pred = predict_original(model, ckpt, test.faces, test.crop_to_orig, pcfg.tta,
+                                     pcfg.batch_size, device, progress=True, amp=pcfg.amp,
+                                     jitter=pcfg.tta_jitter)
         per_fold.append(test_pred["final"])
         val = np.flatnonzero(fold_of == fold)
         if len(val):
             val_pred = predict_original(model, ckpt, train.faces[val], train.crop_to_orig[val], "flip",
-                                        pcfg["batch_size"], device, amp=pcfg["amp"], jitter=pcfg["tta_jitter"])
+                                        pcfg.batch_size, device, amp=pcfg.amp, jitter=pcfg.tta_jitter)
             oof["tta"][val], oof["plain"][val] = val_pred["tta"], val_pred["plain"]
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     stack = np.stack(per_fold)  # (F, N, K, 2)
     # OOF bias calibration: the per-keypoint mean OOF residual of the predictions of the
     # kind the test set gets (with or without flip TTA)
-    oof_kind = oof["tta"] if pcfg["tta"] == "flip" else oof["plain"]
+    oof_kind = oof["tta"] if pcfg.tta == "flip" else oof["plain"]
     bias = keypoint_bias(oof_kind, train.keypoints_orig)  # (K, 2)
-    calibrated = should_calibrate(pcfg["calibrate"], oof_kind, train.keypoints_orig)
+    calibrated = should_calibrate(pcfg.calibrate, oof_kind, train.keypoints_orig)
     raw = stack.mean(0)  # (N, K, 2)
     ensemble = raw - bias if calibrated else raw
     names = train.schema.names
     write_test_predictions(out / "test.npz", ensemble=ensemble, ensemble_raw=raw, per_fold=stack,
                            folds=sorted(ckpts), bias=bias, calibrated=calibrated,
-                           oof_kind="tta" if pcfg["tta"] == "flip" else "plain",
+                           oof_kind="tta" if pcfg.tta == "flip" else "plain",
                            face_id=test.meta["face_id"], keypoint_names=names)
     write_oof_predictions(out / "oof.npz", tta=oof["tta"], plain=oof["plain"], fold=fold_of,
                           face_id=train.meta["face_id"], keypoint_names=names)
     write_resolved(cfg, out, ["predict"])
     log.info("OOF bias: mean |x| %.3f px, |y| %.3f px (mean x %+.3f, y %+.3f); calibrate=%s -> %s",
-             *np.abs(bias).mean(0), *bias.mean(0), pcfg["calibrate"], "applied" if calibrated else "not applied")
-    log.info("predicted %d test faces with %d fold(s), tta=%s -> %s", len(test), len(ckpts), pcfg["tta"], out)
+             *np.abs(bias).mean(0), *bias.mean(0), pcfg.calibrate, "applied" if calibrated else "not applied")
+    log.info("predicted %d test faces with %d fold(s), tta=%s -> %s", len(test), len(ckpts), pcfg.tta, out)
 
 
 @click.command("predict")

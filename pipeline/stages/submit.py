@@ -13,7 +13,7 @@ from typing import Sequence
 import click
 import numpy as np
 
-from pipeline.core.config import config_options, params_source
+from pipeline.core.config import Config, config_options, params_source
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, input_file
 from pipeline.core.paths import CACHE_DIR
@@ -25,9 +25,9 @@ from pipeline.keypoints.schema import get_schema
 log = logging.getLogger(__name__)
 
 
-def submission_path(cfg: dict, out_dir: str | os.PathLike, out_path: str | os.PathLike | None) -> Path:
+def submission_path(cfg: Config, out_dir: str | os.PathLike, out_path: str | os.PathLike | None) -> Path:
     """--out, else <out_dir>/<submit.name>.csv (submit.name must be a plain file name)."""
-    name = cfg["submit"]["name"]
+    name = cfg.submit.name
     if not name or "/" in name or "\\" in name or "\0" in name or name in (".", ".."):
         raise PipelineError(params_source("submit.name"), f"submit.name must be a plain file name, got {name!r}")
     return Path(out_path) if out_path else Path(out_dir) / f"{name}.csv"
@@ -42,7 +42,7 @@ def run_submit(predictions_path: str | os.PathLike, cache: str | os.PathLike, ou
     return _write(coords, predictions_path, out, face_count(test_split), None if schema is None else schema.k)
 
 
-def run_submit_xml(cfg: dict, xml_path: str | os.PathLike, checkpoints: Sequence[str], out: Path) -> np.ndarray:
+def run_submit_xml(cfg: Config, xml_path: str | os.PathLike, checkpoints: Sequence[str], out: Path) -> np.ndarray:
     """Standalone: predict any test XML with any checkpoints (fold-averaged) -> CSV."""
     # the one path of submit that runs a network: the DVC stage (from predictions/) starts
     # without torch's import
@@ -51,8 +51,8 @@ def run_submit_xml(cfg: dict, xml_path: str | os.PathLike, checkpoints: Sequence
     input_file(xml_path, "test XML not found", "a test XML file")
     for c in checkpoints:  # all of them before the first one predicts
         input_file(c, "checkpoint not found", "a checkpoint file")
-    coords = predict_xml(xml_path, checkpoints, cfg["predict"], cfg["data"], cfg["crop"])
-    return _write(coords, xml_path, out, None, get_schema(cfg["data"]).k)
+    coords = predict_xml(xml_path, checkpoints, cfg.predict, cfg.data, cfg.crop)
+    return _write(coords, xml_path, out, None, get_schema(cfg.data).k)
 
 
 def _write(coords, source, out: Path, n_faces: int | None, k: int | None) -> np.ndarray:

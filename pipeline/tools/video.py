@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.core.config import config_options
+from pipeline.core.config import Config, VideoParams, config_options
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
@@ -52,7 +52,7 @@ def _face_tile(image: np.ndarray, box: np.ndarray | None, side: int = 144) -> np
     return face_tile(image, box, side, expand=1.6)[0]
 
 
-def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, tta: str = "flip", device=None,
+def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: VideoParams, *, tta: str = "flip", device=None,
                 out_mp4: str | os.PathLike | None = None, smooth: bool = True, progress: bool = True,
                 detect=None, keep: Sequence[int] = ()) -> dict[str, Any]:
     """Keypoints of every face on every frame of `src` (tracked, see pipeline/inference/tracking.py),
@@ -62,7 +62,7 @@ def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, 
     The frames numbered in `keep` come back drawn both ways: {"kept": {i: (raw, smoothed)}}."""
     schema = schema_from_dict(models[0][1]["schema"])
     if detect is None:
-        found = get_detector(vcfg["detector"])
+        found = get_detector(vcfg.detector)
 
         def detect(image):
             return found(image, 0)[0]
@@ -70,10 +70,10 @@ def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, 
     def predict(image, boxes):
         return predict_boxes(image, boxes, models, tta, device)
 
-    smoother = (lambda: OneEuroFilter(vcfg["min_cutoff"], vcfg["beta"], vcfg["d_cutoff"]))
-    tracker = FaceTracker(detect, predict, box_from_points=box_constants(vcfg), detect_every=vcfg["detect_every"],
-                          match_iou=vcfg["match_iou"], min_visible=vcfg["min_visible"],
-                          max_missed=vcfg["max_missed"], max_faces=vcfg["max_faces"], smoother=smoother)
+    smoother = (lambda: OneEuroFilter(vcfg.min_cutoff, vcfg.beta, vcfg.d_cutoff))
+    tracker = FaceTracker(detect, predict, box_from_points=box_constants(vcfg), detect_every=vcfg.detect_every,
+                          match_iou=vcfg.match_iou, min_visible=vcfg.min_visible,
+                          max_missed=vcfg.max_missed, max_faces=vcfg.max_faces, smoother=smoother)
     cap, fps, declared = open_video(src)
     rows: dict[str, list] = {"frame": [], "time": [], "face": [], "raw": [], "smoothed": [], "side": [], "box": []}
     writer = AtomicVideoWriter(out_mp4, fps) if out_mp4 is not None else None
@@ -130,15 +130,13 @@ def track_video(src: str | os.PathLike, models: Sequence[tuple], vcfg: dict, *, 
     return out
 
 
-def run_predict_video(cfg: dict, src: str, checkpoints: Sequence[str], out: str | None = None,
+def run_predict_video(cfg: Config, src: str, checkpoints: Sequence[str], out: str | None = None,
                       csv_path: str | None = None, smooth: str | None = None, device_name: str = "auto",
                       backend: str = "torch", tta: str | None = None, strip: str | None = None,
                       strip_frames: int = 4) -> dict[str, Any]:
     """`pipeline predict-video`: the annotated mp4, the CSV with `csv_path`, and with `strip`
     a PNG of strip_frames evenly spaced frames, raw predictions above, smoothed below."""
-    vcfg = dict(cfg["video"])
-    if smooth is not None:
-        vcfg["smooth"] = smooth
+    vcfg = cfg.video if smooth is None else cfg.video.model_copy(update={"smooth": smooth})
     src_path = Path(src)
     cap, _, declared = open_video(src_path)  # a bad input fails before the models load
     cap.release()
@@ -150,13 +148,13 @@ def run_predict_video(cfg: dict, src: str, checkpoints: Sequence[str], out: str 
             raise PipelineError(p, "would overwrite the input video")
         if p is not None:
             check_output(p)
-    get_detector(vcfg["detector"])  # a missing detector fails before the models load
+    get_detector(vcfg.detector)  # a missing detector fails before the models load
     device = resolve_device(device_name)
     models = load_models(checkpoints, device, backend)
     keep = sorted({int(round(v)) for v in np.linspace(0, max(declared - 1, 0), strip_frames)}) if strip else []
-    res = track_video(src_path, models, vcfg, tta=tta or cfg["predict"]["tta"], device=device, out_mp4=out_path,
-                      smooth=vcfg["smooth"] == "on", keep=keep)
-    pts = res["smoothed"] if vcfg["smooth"] == "on" else res["raw"]
+    res = track_video(src_path, models, vcfg, tta=tta or cfg.predict.tta, device=device, out_mp4=out_path,
+                      smooth=vcfg.smooth == "on", keep=keep)
+    pts = res["smoothed"] if vcfg.smooth == "on" else res["raw"]
     if csv_path:
         write_video_csv(csv_path, res["frame"], res["time"], res["face"], pts)
     if strip and res["kept"]:
@@ -164,8 +162,8 @@ def run_predict_video(cfg: dict, src: str, checkpoints: Sequence[str], out: str 
         tiles = [put_label(res["kept"][i][row].copy(), f"frame {i} {name}")
                  for row, name in ((0, "raw"), (1, "smoothed")) for i in frames]
         write_png(strip, contact_sheet(tiles, cols=len(frames), title=f"{src_path.name}: raw (top) vs smoothed "
-                                       f"(One Euro, min_cutoff {vcfg['min_cutoff']:g}, beta {vcfg['beta']:g})"))
-    res.update(out=str(out_path), csv=str(csv_path) if csv_path else None, smooth=vcfg["smooth"])
+                                       f"(One Euro, min_cutoff {vcfg.min_cutoff:g}, beta {vcfg.beta:g})"))
+    res.update(out=str(out_path), csv=str(csv_path) if csv_path else None, smooth=vcfg.smooth)
     log.info("%s: %d frames, %d track(s), detector on %d frame(s), %.1f frames/s end to end -> %s",
              src, res["frames"], len(res["tracks"]), res["detections"], res["frames"] / max(res["seconds"], 1e-9),
              out_path)
@@ -248,7 +246,7 @@ def tune_one_euro(still: dict, still_truth: dict, moving: dict, moving_truth: di
             "criterion": f"lowest still-face jitter with moving NME <= {max_nme_ratio} x raw"}
 
 
-def measure_smoothing(models: Sequence[tuple], vcfg: dict, workdir: str | os.PathLike, n_frames: int = 60,
+def measure_smoothing(models: Sequence[tuple], vcfg: VideoParams, workdir: str | os.PathLike, n_frames: int = 60,
                       tta: str = "flip", device=None, detect=None) -> dict[str, Any]:
     """Jitter and NME, raw vs smoothed (the params' One Euro), on a still and a moving test
     video made in `workdir`, and frames/s end to end on the moving one (annotated mp4 written)."""
@@ -263,7 +261,7 @@ def measure_smoothing(models: Sequence[tuple], vcfg: dict, workdir: str | os.Pat
                      "tracks": len(res["tracks"]), "detections": res["detections"],
                      "frames_per_s": res["frames"] / max(res["seconds"], 1e-9)}
     out["frames_per_s"] = out["moving"]["frames_per_s"]
-    out["one_euro"] = {k: vcfg[k] for k in ("min_cutoff", "beta", "d_cutoff")}
+    out["one_euro"] = {k: getattr(vcfg, k) for k in ("min_cutoff", "beta", "d_cutoff")}
     return out
 
 

@@ -192,7 +192,7 @@ def test_submit_standalone_calls_predict_xml(tmp_path, monkeypatch, capsys):
                                  "--out", str(out), "--set", "predict.tta=none"], capsys)
     assert code == 0, err
     assert calls["xml"] == str(xml) and calls["ckpts"] == [str(a), str(b)]
-    assert calls["predict"]["tta"] == "none" and calls["crop"]["side"] == DEFAULTS["crop"]["side"] and "schema" in calls["data"]
+    assert calls["predict"].tta == "none" and calls["crop"].side == DEFAULTS.crop.side and calls["data"].schema == "ibug68"
     vals = read_submission(out)
     np.testing.assert_array_equal(vals, np.arange(3 * 68 * 2))
 

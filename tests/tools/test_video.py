@@ -70,7 +70,7 @@ def test_predict_video_writes_the_video_and_the_csv(tiny_model, videos, tmp_path
 def test_smoothing_reduces_still_jitter_and_keeps_moving_nme(tiny_model, videos, tmp_path):
 
     models = load_models([tiny_model], torch.device("cpu"))
-    vcfg = load_config(None, HAAR[1::2])["video"]
+    vcfg = load_config(None, HAAR[1::2]).video
     scores = {}
     for kind, (src, truth_csv) in videos.items():
         res = track_video(src, models, vcfg, progress=False)
@@ -88,7 +88,7 @@ def test_predict_video_smooth_off_writes_raw_points(tiny_model, videos, tmp_path
     src, _ = videos["still"]
     assert run(["predict-video", src, "--checkpoint", tiny_model, "--out", tmp_path / "a.mp4",
                 "--csv", tmp_path / "off.csv", "--smooth", "off", *HAAR]) == 0
-    vcfg = load_config(None, HAAR[1::2])["video"]
+    vcfg = load_config(None, HAAR[1::2]).video
     res = track_video(src, load_models([tiny_model], torch.device("cpu")), vcfg, progress=False)
     np.testing.assert_allclose(read_video_csv(tmp_path / "off.csv")["points"], res["raw"], atol=5e-4)
 

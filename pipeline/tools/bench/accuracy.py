@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from pipeline.core.config import Config
 from pipeline.formats.annotations import load_xml, read_image, safe_image_path
 from pipeline.formats.submission import read_solution
 from pipeline.inference.predictor import crops_for_checkpoint, load_predictor
@@ -24,14 +25,14 @@ def _score(pred, truth, eyes) -> dict[str, float]:
     return {"mae": mae(pred, truth), "nme": nme(pred, truth, eyes) if eyes is not None else float("nan")}
 
 
-def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device: torch.device,
+def bench_accuracy(data_dir: Path, cfg: Config, checkpoints: Sequence[str], device: torch.device,
                    batch_size: int = 64, use_dlib: bool = True) -> dict[str, Any]:
-    dcfg = dict(cfg["data"], dir=str(data_dir))
+    dcfg = cfg.data.model_copy(update={"dir": str(data_dir)})
     schema = get_schema(dcfg)
-    train = load_xml(data_dir / dcfg["train_xml"], schema, require_parts=True)
-    test_xml = data_dir / dcfg["test_xml"]
+    train = load_xml(data_dir / dcfg.train_xml, schema, require_parts=True)
+    test_xml = data_dir / dcfg.test_xml
     test = load_xml(test_xml, schema, require_parts=False)
-    truth = read_solution(data_dir / dcfg["solution"]).reshape(len(test), schema.k, 2)
+    truth = read_solution(data_dir / dcfg.solution).reshape(len(test), schema.k, 2)
     test_boxes = np.array([f.box for f in test], dtype=np.float64)
     out: dict[str, Any] = {"data": str(data_dir), "n_test": len(test), "n_train": len(train)}
 
@@ -43,8 +44,8 @@ def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device
     crops_by: dict[tuple, tuple] = {}
     for path in checkpoints:
         model, ckpt = load_predictor(path, None, device, schema=schema)  # an exported .onnx runs on onnxruntime
-        crops, a = crops_for_checkpoint(test, test_xml, ckpt, path, cfg["crop"]["n_jobs"], crops_by)
-        tta = cfg["predict"]["tta"]
+        crops, a = crops_for_checkpoint(test, test_xml, ckpt, path, cfg.crop.n_jobs, crops_by)
+        tta = cfg.predict.tta
         predict_original(model, ckpt, crops[:2], a[:2], tta, batch_size, device)  # warm-up
         res = {}
         for nt, tag in ((None, ""), (1, "_1thread")):
