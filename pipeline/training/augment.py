@@ -56,7 +56,6 @@ torch's global RNG (what a DataLoader seeds per worker). Same seed -> same sampl
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch

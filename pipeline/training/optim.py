@@ -4,7 +4,6 @@ biases; linear warm-up, then cosine decay (a pure function of the step)."""
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import torch
 

@@ -143,7 +143,6 @@ def test_bench_variants_are_rows_of_one_table(tmp_path, monkeypatch):
     # on the CPU both matmul peaks are kept and the higher one is the reference
     import pipeline.tools.bench.command as bench
     from pipeline.core.errors import PipelineError
-    from pipeline.core import heap
     from pipeline.tools.bench import training
     from pipeline.tools.bench.report import format_table
 
@@ -200,6 +199,7 @@ def test_bench_variant_model_options_build_the_variant_model(tmp_path, monkeypat
 def test_bench_times_each_variant_under_its_own_heap_policy(tiny_workspace, monkeypatch):
     # the heap policy is process-wide: a variant with train.keep_freed_memory=off must run
     # its timed steps with it off even though the variant before it turned it on
+    from pipeline.core import heap
     from pipeline.tools.bench import training
 
     applied = []
