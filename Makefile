@@ -16,10 +16,11 @@ $(BIN)/.installed: pyproject.toml
 
 venv: $(BIN)/.installed
 
-# make repro RECIPE=recipes/cpu.yaml: the recipe becomes params.yaml (git shows the change),
-# so dvc.lock, `dvc metrics show` and `dvc exp show` record what was run
+# make repro RECIPE=recipes/cpu.yaml: the recipe merged over the defaults becomes params.yaml
+# (complete: DVC reads every param a stage lists from it; git shows the change), so
+# dvc.lock, `dvc metrics show` and `dvc exp show` record what was run
 repro: venv
-	$(if $(RECIPE),cp $(RECIPE) params.yaml)
+	$(if $(RECIPE),$(BIN)/pipeline params --recipe $(RECIPE) --out params.yaml)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro
 
 # ruff (pyflakes, bugbear, import order, pycodestyle) and mypy, configured in pyproject.toml;

@@ -176,7 +176,7 @@ def viz_ws(tiny_workspace, demo_dir, tmp_path_factory):
     np.savez(out / "pred" / "oof.npz", tta=tta, plain=tta, fold=fold)
     reg = create_model("vgg-seed", 68, 3, 32)
     save_checkpoint(out / "reg.pt", {"model_config": reg.config, "model": reg.state_dict(), "epoch": 0,
-                                     "schema": IBUG68.to_dict(), "config": cfg, "best_mae": 0.0})
+                                     "schema": IBUG68.to_dict(), "config": cfg.model_dump(), "best_mae": 0.0})
     return {"cache": ws / "cache", "pred": out / "pred", "ckpt": ckpt_path, "reg": out / "reg.pt",
             "data": demo_dir, "n_val": len(val)}
 

@@ -1,309 +1,414 @@
 """Configuration: defaults, then the params file, then `--set key=value` overrides.
 
-Every stage reads only its own sections of `params.yaml` (as DVC's example-get-started
-does) and writes the resolved values beside its outputs. Unknown keys and values of the
-wrong type are rejected with the file and key named, never silently ignored.
+The params schema lives here once: one pydantic model per section of `params.yaml`, each
+field with its type, range or choices, one-line doc and whether it can change a result
+(`docs/params.md` is generated from these models: `pipeline params --doc`). Every stage
+reads only its own sections (as DVC's example-get-started does) and writes the resolved
+values beside its outputs. Unknown keys and values of the wrong type are rejected with the
+file or `--set` and the key named, never silently ignored.
 """
 
 from __future__ import annotations
 
-import copy
 import functools
-import math
 import os
 import re
+import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Iterable, Literal, Optional
 
 import click
 import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic.fields import FieldInfo
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import input_file, write_text
 
-# Each leaf's default also fixes its type: an int default accepts ints, a float default
-# accepts ints and floats, a bool default only booleans. Leaves whose default is None
-# declare their type in NULLABLE; leaves listed in FREE_FORM are dicts checked by the
-# code that reads them (a custom schema, preset options).
-DEFAULTS: dict[str, dict[str, Any]] = {
-    "data": {
-        "dir": None,  # dataset folder holding the two XMLs; null = embedded demo set
-        "train_xml": "labels_ibug_300W_train.xml",  # relative to data.dir
-        "test_xml": "labels_ibug_300W_test_parsed.xml",  # relative to data.dir
-        "solution": "solution.csv",  # truth of the test set, scored when present
-        "schema": "ibug68",  # keypoint layout: ibug68 | nose1 | custom
-        "custom_schema": None,  # with schema: custom -> {names, flip, eyes}
+# What a param may change, beyond its value being recorded:
+#   speed_only: how fast a stage runs, never a byte of what it writes: left out of the
+#     params.resolved.yaml files, of train's resume key and crop's run id, and of dvc.yaml's
+#     params (tests/test_dvc.py checks dvc.yaml), so that changing one re-runs nothing
+#   runtime: where and how a training runs (device, workers, compilation, heap policy):
+#     recorded in params.resolved.yaml and re-runs DVC's stage, but a killed run may
+#     resume from a checkpoint made under another value
+SPEED_ONLY_MARK = "speed_only"
+RUNTIME_MARK = "runtime"
+
+# On/off switches: fields whose choices include "on" and "off" (train.amp,
+# train.channels_last, ...). YAML reads on/off/yes/no/true/false as booleans; for a switch
+# they mean "on"/"off".
+SWITCH_DEFAULTS = ("auto", "on", "off")
+Switch = Literal["auto", "on", "off"]
+Amp = Literal["auto", "on", "off", "bf16", "fp16"]
+
+
+def param(default: Any, doc: str, *, speed_only: bool = False, runtime: bool = False,
+          must: str | None = None, **constraints: Any) -> Any:
+    """A field: its default, one-line doc, range (ge/gt/le/lt) and what it may change.
+    `must` words the requirement in errors when the range alone cannot (a regex, a list)."""
+    extra = {k: v for k, v in ((SPEED_ONLY_MARK, speed_only), (RUNTIME_MARK, runtime), ("must", must)) if v}
+    return Field(default, description=doc, json_schema_extra=extra or None, **constraints)
+
+
+class Section(BaseModel):
+    """One section of params.yaml: strict types (a bool is not an int, a string not a
+    number; an int is taken for a float), finite floats, no unknown keys, frozen."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
+                              validate_default=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _switch_booleans(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        out = dict(data)
+        for name, value in data.items():
+            if isinstance(value, bool) and name in cls.model_fields and is_switch(cls.model_fields[name]):
+                out[name] = "on" if value else "off"
+        return out
+
+
+def switch_on(value: str, auto: bool, key: str) -> bool:
+    """A switch's setting as a bool: on, off, or `auto` (the field's documented choice, which
+    the caller knows). The one place "auto"/"on"/"off" is read; a bad value (from code that
+    did not load it through Config) is blamed on `key`."""
+    if value not in SWITCH_DEFAULTS:
+        raise PipelineError(params_source(key), f"{key.split('.')[-1]} must be auto|on|off, got '{value}'")
+    return value == "on" or (value == "auto" and auto)
+
+
+def is_switch(field: FieldInfo) -> bool:
+    """An on/off field (train.amp, video.smooth, ...): its choices hold both on and off."""
+    choices = getattr(field.annotation, "__args__", ()) if getattr(field.annotation, "__origin__", None) is Literal \
+        else ()
+    return "on" in choices and "off" in choices
+
+
+def _extra(field: FieldInfo) -> dict:
+    return field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+
+
+def is_speed_only(field: FieldInfo) -> bool:
+    return bool(_extra(field).get(SPEED_ONLY_MARK))
+
+
+def is_runtime(field: FieldInfo) -> bool:
+    return bool(_extra(field).get(RUNTIME_MARK))
+
+
+with warnings.catch_warnings():  # `schema` shadows BaseModel's deprecated classmethod, on purpose
+    warnings.filterwarnings("ignore", message='Field name "schema"')
+
+    class DataParams(Section):
+        dir: Optional[str] = param(None, "dataset folder holding the two XMLs; null = the embedded demo set")
+        train_xml: str = param("labels_ibug_300W_train.xml", "training annotations, relative to data.dir")
+        test_xml: str = param("labels_ibug_300W_test_parsed.xml", "test annotations, relative to data.dir")
+        solution: str = param("solution.csv", "truth of the test set, relative to data.dir; scored when present")
+        schema: str = param("ibug68", "keypoint layout: ibug68 | nose1 | custom")
+        custom_schema: Optional[dict[str, Any]] = param(None, "with schema: custom -> {names, flip, eyes}")
         # coordinate of the first pixel's centre in the labels: 0 = dlib / OpenCV, 1 = the
         # 1-based Matlab convention of the 300-W .pts files. Internally pixel centres sit at
         # 0, 1, ...; a wrong origin makes mirrored training samples disagree by 2 * origin px
         # in x (the flip maps x -> W - 1 - x) and biases predictions by -origin px in x
-        "label_origin": 0.0,
-    },
-    "demo": {
-        "n_train": 400,  # synthetic training faces
-        "n_test": 60,  # synthetic test faces (truth goes to solution.csv)
-        "seed": 0,  # same seed -> byte-identical XML and CSV
-        "layout": "flat",  # flat (images/train, images/test) | 300w (the full set's folders, names, mirrors)
-    },
-    "crop": {
-        "expand": 1.25,  # box side is scaled by this before the square crop
-        "side": 64,  # cached face side in pixels (uint8, N x side x side x 3); not "size": DVC's run
-        # cache ignores params named size (treeverse/dvc#10296), so a change would not re-run crop
-        "n_jobs": 2,  # joblib workers
-    },
-    "folds": {
-        "k": 5,  # number of folds
-        "seed": 0,  # shuffling of photo groups
-        "train": [0, 1, 2, 3, 4],  # folds that get a train stage in dvc.yaml (each < k)
-        # photo groups (kept in one fold): a regex matched against each image path without
-        # its extension; its named group 'photo' is the group. The default is 300-W's
-        # naming (face _1.._99, mirror _mirror): see pipeline.formats.annotations.photo_group
-        "group_regex": r"^(?P<photo>.+?)(?:_\d{1,2})?(?:_mirror)?$",
-    },
-    "model": {
-        "preset": "resunet-tiny",  # registry name, see `pipeline models`
-        "input_size": 64,  # network input side in pixels
-        "in_chans": 3,  # 3 = colour, 1 = grayscale
-        "options": {},  # preset keyword overrides (width, blurpool, act, ...)
-    },
-    "train": {
-        "epochs": 12,
-        "batch_size": 16,
-        "optimizer": "adamw",  # adamw | sgd
-        "lr": 1.0e-3,  # peak learning rate after warm-up
-        "momentum": 0.9,  # SGD momentum / AdamW beta1
-        "weight_decay": 1.0e-5,
-        "warmup_epochs": 1.0,  # linear warm-up length; then cosine decay to 0
-        "loss": "l1",  # l1 | l2 | mse | euclidean
-        "structure_lambda": 0.2,  # weight of the structure loss (0 disables)
-        # losses on coordinates scaled to [-1, 1] (errors / half the input size), as in the
-        # integral-regression papers: the SGD lr 0.8 of recipes/gpu.yaml assumes this scale
-        "normalize_coords": True,
-        "heatmap_lambda": 1.0,  # weight of the DSNT heatmap regulariser (JS to a Gaussian), 0 = off
-        "heatmap_sigma": 1.0,  # its Gaussian's sigma in heatmap pixels
-        "scale_min": 0.75,  # random resize range
-        "scale_max": 1.3333333,
-        "flip": 0.5,  # horizontal flip probability (indices remapped by the schema)
-        "randaug_n": 2,  # RandAugment number of ops (0 disables)
-        "randaug_m": 7,  # RandAugment magnitude (0..30)
-        "amp": "auto",  # auto (CUDA only) | off | bf16 | fp16
-        "channels_last": "auto",  # NHWC activations: auto (= on: faster on CUDA and with oneDNN on the CPU) | on | off
-        # BatchNorm over the global batch under DDP (SyncBatchNorm, CUDA only): auto = when
-        # the per-rank batch is below 16 (device.SYNC_BN_BELOW) | on | off
-        "sync_bn": "auto",
-        # torch.compile (inductor) of the training network: auto = off (on the 2-core CPU it
-        # costs 25-60 s per fold and gains ~2%, docs/benchmarks.md) | on | off
-        "compile": "auto",
-        # keep freed memory in the process heap (glibc mallopt) instead of handing big
-        # blocks back to the kernel after every step: auto = on with glibc (Linux) | on | off
-        "keep_freed_memory": "auto",
-        # EMA of the weights (and BN buffers), evaluated each epoch beside the raw weights;
-        # best.pt keeps whichever scores better. Decay per optimizer step; 0 = off
-        "ema_decay": 0.0,
-        "device": "auto",  # auto | cpu | cuda | cuda:N
-        "num_workers": 0,  # loader worker processes (0 = main process)
-        "seed": 0,
-        "grad_clip": 0.0,  # max grad norm, 0 = off
-    },
-    "predict": {
-        "tta": "flip",  # none | flip
-        # extra scale/shift TTA views (pipeline/keypoints/views.py): zoom by 1 +- a, shift by +-a/2 of the
-        # side, each mapped back exactly and averaged with the plain (and flipped) view;
-        # 0 = off. 4 extra views: 5x the inference cost. Turn on only if OOF MAE improves
-        "tta_jitter": 0.0,
-        # subtract the per-keypoint mean OOF residual from the test predictions: on | off |
-        # auto (only when it lowers the leave-one-out calibrated OOF MAE)
-        "calibrate": "auto",
-        "batch_size": 64,  # faces a forward; flip TTA doubles it
-        "device": "auto",
-        # autocast of predict's forward passes: auto (CUDA: bf16 where native, else fp16;
-        # CPU: off) | on | off | bf16 | fp16. Training's validation follows train.amp
-        "amp": "auto",
-        "checkpoint": "best.pt",  # which file of models/fold{K}/
-    },
-    "submit": {
-        "name": "submission",  # submissions/<name>.csv
-    },
-    "video": {  # pipeline predict-video (pipeline/inference/tracking.py, pipeline/keypoints/smoothing.py)
-        "detect_every": 10,  # run the face detector every N frames (and sooner when a track is lost)
-        # while a track is lost or nothing is tracked, the detector runs at most every N frames
-        # (a bound on its cost per second: fps / N + fps / detect_every runs, never every frame)
-        "retry_every": 5,
-        "detector": "auto",  # auto | mtcnn | dlib | haar (see predict-image)
-        "match_iou": 0.3,  # a detection with this IoU to a track's box continues that track (same id)
-        "max_missed": 1,  # a track missed on more detection frames in a row than this is closed
-        "min_visible": 0.5,  # a track whose box is less than this share inside the picture is closed
-        "max_faces": 0,  # track at most N faces at once (0: all)
-        # the box from a face's keypoints on the last frame, in the training boxes' convention:
-        # width = box_w_scale * keypoint x extent, height = box_h_scale * y extent, centre =
-        # extent centre + (box_dx, box_dy) * extent. Medians of both train XMLs (demo set and
-        # ibug300w-mini agree to 0.01; tracking.measure_points_to_box)
-        "box_w_scale": 1.0,
-        "box_h_scale": 1.12,
-        "box_dx": 0.0,
-        "box_dy": -0.06,
-        # One Euro filter per coordinate (Casiez et al. 2012): on | off (raw predictions). The
-        # three values: the lowest still-face jitter with moving-face NME <= 1.03 x raw on the
-        # make-test-video pair (docs/video.md: jitter -69 %, NME +2 %)
-        "smooth": "on",
-        # poly: a centred local quadratic (Savitzky-Golay) over +-half_window_s around each frame:
-        # no lag, at half_window_s of latency (the video is written that much behind);
-        # one_euro: causal, for live use (min_cutoff, beta, d_cutoff below). docs/video.md
-        "filter": "poly",
-        "half_window_s": 0.1,  # s: half the poly window (0.1: 7 frames at 30 fps; longer = less jitter, more lag)
-        "min_cutoff": 0.1,  # Hz: cutoff for a still face (lower = less jitter, more lag)
-        "beta": 100.0,  # Hz of cutoff per (face size / s) of speed (higher = less lag when moving)
-        "d_cutoff": 1.0,  # Hz: cutoff of the speed estimate
-    },
-}
-
-NULLABLE: dict[str, tuple[type, ...]] = {
-    "data.dir": (str,),
-    "data.custom_schema": (dict,),
-}
-FREE_FORM = {"model.options", "data.custom_schema"}
+        label_origin: float = param(0.0, "coordinate of the first pixel's centre in the labels: 0 = dlib / OpenCV, "
+                                         "1 = 1-based (300-W .pts)", ge=-1e3, le=1e3)
 
 
-# Value ranges, checked where the value is read (so the error names the file or --set at
-# fault). Every float must also be finite. key -> (test, what it must be).
-def _int_at_least(lo: int):
-    return (lambda v: v >= lo), f"an integer >= {lo}"
+class DemoParams(Section):
+    n_train: int = param(400, "synthetic training faces", ge=1)
+    n_test: int = param(60, "synthetic test faces (truth goes to solution.csv)", ge=1)
+    seed: int = param(0, "same seed -> byte-identical XML and CSV", ge=0)
+    layout: Literal["flat", "300w"] = param(
+        "flat", "flat (images/train, images/test) | 300w (the full set's folders, names, mirrors)")
 
 
-def _number_in(lo: float, hi: float, lo_open: bool = False, hi_open: bool = False):
-    def ok(v):
-        return (v > lo if lo_open else v >= lo) and (v < hi if hi_open else v <= hi)
-    return ok, f"a number in {'(' if lo_open else '['}{lo:g}, {hi:g}{')' if hi_open else ']'}"
+class CropParams(Section):
+    expand: float = param(1.25, "box side is scaled by this before the square crop", gt=0, le=10)
+    # not "size": DVC's run cache ignores params named size (treeverse/dvc#10296), so a
+    # change would not re-run crop
+    side: int = param(64, "cached face side in pixels (uint8, N x side x side x 3)", ge=8, le=4096)
+    n_jobs: int = param(2, "joblib workers (negative: all cores but n+1)", speed_only=True,
+                        must="a nonzero integer (negative: all cores but n+1)")
+
+    @field_validator("n_jobs")
+    @classmethod
+    def _nonzero(cls, v: int) -> int:
+        if v == 0:
+            raise ValueError("n_jobs")
+        return v
 
 
-# params that change how fast a stage runs, never a byte of what it writes: left out of the
-# params.resolved.yaml files, of the resume key and of dvc.yaml's params, so that changing
-# one re-runs nothing (tests/test_dvc.py checks dvc.yaml)
-SPEED_ONLY = {"crop.n_jobs"}
-
-RANGES: dict[str, tuple[Any, str]] = {
-    "demo.n_train": _int_at_least(1), "demo.n_test": _int_at_least(1), "demo.seed": _int_at_least(0),
-    "crop.expand": _number_in(0, 10, lo_open=True), "crop.side": ((lambda v: 8 <= v <= 4096), "an integer in [8, 4096]"),
-    "folds.k": _int_at_least(2), "folds.seed": _int_at_least(0),
-    "folds.train": ((lambda v: all(isinstance(f, int) and not isinstance(f, bool) and f >= 0 for f in v)),
-                    "a list of fold numbers (integers >= 0)"),
-    "model.input_size": ((lambda v: 8 <= v <= 4096), "an integer in [8, 4096]"),
-    "model.in_chans": ((lambda v: v in (1, 3)), "1 or 3"),
-    "train.epochs": _int_at_least(1), "train.batch_size": _int_at_least(1),
-    "train.lr": ((lambda v: v > 0), "a number > 0"), "train.momentum": _number_in(0, 1, hi_open=True),
-    "train.weight_decay": _number_in(0, 1e3), "train.warmup_epochs": _number_in(0, 1e6),
-    "train.structure_lambda": _number_in(0, 1e6), "train.heatmap_lambda": _number_in(0, 1e6),
-    "train.heatmap_sigma": _number_in(0, 1e3, lo_open=True), "data.label_origin": _number_in(-1e3, 1e3),
-    "predict.calibrate": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
-    "train.scale_min": _number_in(0, 100, lo_open=True),
-    "train.scale_max": _number_in(0, 100, lo_open=True), "train.flip": _number_in(0, 1),
-    "train.randaug_n": _int_at_least(0), "train.randaug_m": ((lambda v: 0 <= v <= 30), "an integer in [0, 30]"),
-    "train.num_workers": _int_at_least(0), "train.seed": _int_at_least(0), "train.grad_clip": _number_in(0, 1e9),
-    "predict.batch_size": _int_at_least(1), "predict.tta_jitter": _number_in(0, 0.5),
-    "demo.layout": ((lambda v: v in ("flat", "300w")), "flat or 300w"),
-    "train.amp": ((lambda v: v in ("auto", "on", "off", "bf16", "fp16")), "auto, on, off, bf16 or fp16"),
-    "train.channels_last": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
-    "train.compile": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
-    "train.keep_freed_memory": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
-    "train.ema_decay": _number_in(0, 1, hi_open=True),
-    "train.sync_bn": ((lambda v: v in ("auto", "on", "off")), "auto, on or off"),
-    "predict.amp": ((lambda v: v in ("auto", "on", "off", "bf16", "fp16")), "auto, on, off, bf16 or fp16"),
-    "folds.group_regex": ((lambda v: _regex_with_photo(v)), "a regex with a named group (?P<photo>...)"),
-    "video.detect_every": _int_at_least(1), "video.retry_every": _int_at_least(1),
-    "video.max_missed": _int_at_least(0), "video.max_faces": _int_at_least(0),
-    "video.detector": ((lambda v: v in ("auto", "mtcnn", "dlib", "haar")), "auto, mtcnn, dlib or haar"),
-    "video.match_iou": _number_in(0, 1, lo_open=True), "video.min_visible": _number_in(0, 1),
-    "video.box_w_scale": _number_in(0, 10, lo_open=True), "video.box_h_scale": _number_in(0, 10, lo_open=True),
-    "video.box_dx": _number_in(-1, 1), "video.box_dy": _number_in(-1, 1),
-    "video.smooth": ((lambda v: v in ("on", "off")), "on or off"),
-    "video.filter": ((lambda v: v in ("poly", "one_euro")), "poly or one_euro"),
-    "video.half_window_s": _number_in(0, 10),
-    "video.min_cutoff": _number_in(0, 1e3, lo_open=True), "video.beta": _number_in(0, 1e3),
-    "video.d_cutoff": _number_in(0, 1e3, lo_open=True),
-}
+# photo groups (kept in one fold): a regex matched against each image path without its
+# extension; its named group 'photo' is the group. The default is 300-W's naming (face
+# _1.._99, mirror _mirror): see pipeline.formats.annotations.photo_group
+GROUP_REGEX = r"^(?P<photo>.+?)(?:_\d{1,2})?(?:_mirror)?$"
 
 
-def _regex_with_photo(pattern: str) -> bool:
-    try:
-        return "photo" in re.compile(pattern).groupindex
-    except re.error:
-        return False
+class FoldsParams(Section):
+    k: int = param(5, "number of folds", ge=2)
+    seed: int = param(0, "shuffling of photo groups", ge=0)
+    train: list[int] = param([0, 1, 2, 3, 4], "folds that get a train stage in dvc.yaml (each < k)",
+                             must="a list of fold numbers (integers >= 0)")
+    group_regex: str = param(GROUP_REGEX, "photo groups kept in one fold: a regex on each image path without "
+                                          "its extension, its named group 'photo' is the group",
+                             must="a regex with a named group (?P<photo>...)")
 
-# On/off switches: string params whose default is "auto", "on" or "off" (train.amp,
-# train.channels_last, ...). YAML reads on/off/yes/no/true/false as booleans; for a switch
-# they mean "on"/"off".
-SWITCH_DEFAULTS = ("auto", "on", "off")
+    @field_validator("train")
+    @classmethod
+    def _fold_numbers(cls, v: list[int]) -> list[int]:
+        if any(f < 0 for f in v):
+            raise ValueError("train")
+        return v
 
-
-def _is_switch(key: str) -> bool:
-    default = DEFAULTS_FLAT.get(key)
-    return isinstance(default, str) and default in SWITCH_DEFAULTS
-
-
-def _check_range(key: str, value: Any, source: str) -> None:
-    if isinstance(value, float) and not math.isfinite(value):
-        raise PipelineError(source, f"'{key}' must be a finite number, got {value!r}")
-    if key in RANGES and value is not None:
-        ok, what = RANGES[key]
-        if not ok(value):
-            raise PipelineError(source, f"'{key}' must be {what}, got {value!r}")
-
-
-def _type_ok(key: str, default: Any, value: Any) -> bool:
-    if key in NULLABLE:
-        return value is None or isinstance(value, NULLABLE[key])
-    if isinstance(default, bool):
-        return isinstance(value, bool)
-    if isinstance(default, int):
-        return isinstance(value, int) and not isinstance(value, bool)
-    if isinstance(default, float):
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
-    return isinstance(value, type(default))
+    @field_validator("group_regex")
+    @classmethod
+    def _photo_group(cls, v: str) -> str:
+        try:
+            ok = "photo" in re.compile(v).groupindex
+        except re.error:
+            ok = False
+        if not ok:
+            raise ValueError("group_regex")
+        return v
 
 
-def _type_name(key: str, default: Any) -> str:
-    if key in NULLABLE:
-        return " or ".join(t.__name__ for t in NULLABLE[key]) + " or null"
-    return {bool: "bool", int: "int", float: "number", str: "string", dict: "mapping",
-            list: "list"}.get(type(default), type(default).__name__)
+class ModelParams(Section):
+    model_config = ConfigDict(protected_namespaces=())
+    preset: str = param("resunet-tiny", "registry name, see `pipeline models`")
+    input_size: int = param(64, "network input side in pixels", ge=8, le=4096)
+    in_chans: int = param(3, "3 = colour, 1 = grayscale", must="1 or 3")
+    options: dict[str, Any] = param({}, "preset keyword overrides (width, blurpool, act, decoder_levels, ...)")
+
+    @field_validator("in_chans")
+    @classmethod
+    def _chans(cls, v: int) -> int:
+        if v not in (1, 3):
+            raise ValueError("in_chans")
+        return v
+
+    @field_validator("options", mode="before")
+    @classmethod
+    def _null_options(cls, v: Any) -> Any:
+        return {} if v is None else v
 
 
-def _merge(base: dict, update: dict, source: str, prefix: str = "") -> None:
-    """Merge `update` into `base` in place, rejecting unknown keys and wrong types."""
-    if not isinstance(update, dict):
-        raise PipelineError(source, f"'{prefix.rstrip('.') or 'top level'}' must be a mapping")
-    for key, value in update.items():
-        full = f"{prefix}{key}"
-        if key not in base:
-            raise PipelineError(source, f"unknown key '{full}'")
-        default = base[key]
-        if full in FREE_FORM:
-            if value is not None and not isinstance(value, dict):
-                raise PipelineError(source, f"'{full}' must be a mapping, got {value!r}")
-            base[key] = copy.deepcopy(value) if value is not None else ({} if default == {} else None)
-        elif isinstance(default, dict) and full not in NULLABLE:
-            _merge(default, value, source, full + ".")
-        elif isinstance(value, bool) and _is_switch(full):
-            base[key] = "on" if value else "off"
-        elif not _type_ok(full, DEFAULTS_FLAT.get(full, default), value):
-            raise PipelineError(
-                source, f"'{full}' must be {_type_name(full, DEFAULTS_FLAT.get(full, default))}, got {value!r}")
-        else:
-            _check_range(full, value, source)
-            base[key] = float(value) if isinstance(DEFAULTS_FLAT.get(full), float) else value
+class TrainParams(Section):
+    epochs: int = param(12, "training epochs", ge=1)
+    batch_size: int = param(16, "faces a step, over all DDP ranks", ge=1)
+    optimizer: Literal["adamw", "sgd"] = param("adamw", "adamw | sgd")
+    lr: float = param(1.0e-3, "peak learning rate after warm-up", gt=0)
+    momentum: float = param(0.9, "SGD momentum / AdamW beta1", ge=0, lt=1)
+    weight_decay: float = param(1.0e-5, "weight decay (not of norms and biases)", ge=0, le=1e3)
+    warmup_epochs: float = param(1.0, "linear warm-up length; then cosine decay to 0", ge=0, le=1e6)
+    loss: Literal["l1", "l2", "mse", "euclidean"] = param("l1", "keypoint loss: l1 | l2 | mse | euclidean")
+    structure_lambda: float = param(0.2, "weight of the structure loss (0 disables)", ge=0, le=1e6)
+    # losses on coordinates scaled to [-1, 1] (errors / half the input size), as in the
+    # integral-regression papers: the SGD lr 0.8 of recipes/gpu.yaml assumes this scale
+    normalize_coords: bool = param(True, "losses on [-1, 1] coordinates (errors / half the input size)")
+    heatmap_lambda: float = param(1.0, "weight of the DSNT heatmap regulariser (JS to a Gaussian), 0 = off",
+                                  ge=0, le=1e6)
+    heatmap_sigma: float = param(1.0, "its Gaussian's sigma in heatmap pixels", gt=0, le=1e3)
+    scale_min: float = param(0.75, "random resize range, low end", gt=0, le=100)
+    scale_max: float = param(1.3333333, "random resize range, high end", gt=0, le=100)
+    flip: float = param(0.5, "horizontal flip probability (indices remapped by the schema)", ge=0, le=1)
+    randaug_n: int = param(2, "RandAugment number of ops (0 disables)", ge=0)
+    randaug_m: int = param(7, "RandAugment magnitude", ge=0, le=30)
+    amp: Amp = param("auto", "autocast: auto (CUDA only: bf16 where native, else fp16) | on | off | bf16 | fp16")
+    channels_last: Switch = param("auto", "NHWC activations: auto (= on: faster on CUDA and with oneDNN on the "
+                                          "CPU) | on | off")
+    sync_bn: Switch = param("auto", "BatchNorm over the global batch under DDP (SyncBatchNorm, CUDA only): auto = "
+                                    "when the per-rank batch is below 16 | on | off")
+    # on the 2-core CPU inductor costs 25-60 s per fold and gains ~2% (docs/benchmarks.md)
+    compile: Switch = param("auto", "torch.compile (inductor) of the training network: auto (= off) | on | off",
+                            runtime=True)
+    keep_freed_memory: Switch = param("auto", "keep freed memory in the process heap (glibc mallopt) instead of "
+                                              "handing big blocks back after every step: auto (= on with glibc) "
+                                              "| on | off", runtime=True)
+    ema_decay: float = param(0.0, "EMA of the weights (and BN buffers) per optimizer step, evaluated each epoch "
+                                  "beside the raw weights; best.pt keeps the better; 0 = off", ge=0, lt=1)
+    device: str = param("auto", "auto | cpu | cuda | cuda:N", runtime=True)
+    num_workers: int = param(0, "loader worker processes (0 = main process)", ge=0, runtime=True)
+    seed: int = param(0, "weights, sampling and augmentation", ge=0)
+    grad_clip: float = param(0.0, "max grad norm, 0 = off", ge=0, le=1e9)
 
 
-def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+class PredictParams(Section):
+    tta: Literal["none", "flip"] = param("flip", "test-time augmentation: none | flip")
+    # pipeline/keypoints/views.py: each view mapped back exactly and averaged with the plain
+    # (and flipped) view; 4 extra views: 5x the inference cost
+    tta_jitter: float = param(0.0, "extra scale/shift TTA views: zoom by 1 +- a, shift by +-a/2 of the side; "
+                                   "0 = off", ge=0, le=0.5)
+    calibrate: Switch = param("auto", "subtract the per-keypoint mean OOF residual from the test predictions: "
+                                      "on | off | auto (only when it lowers the leave-one-out calibrated OOF MAE)")
+    batch_size: int = param(64, "faces a forward; flip TTA doubles it", ge=1)
+    device: str = param("auto", "auto | cpu | cuda | cuda:N")
+    amp: Amp = param("auto", "autocast of predict's forward passes: auto (CUDA: bf16 where native, else fp16; "
+                             "CPU: off) | on | off | bf16 | fp16. Training's validation follows train.amp")
+    checkpoint: str = param("best.pt", "which file of models/fold{K}/")
+
+
+class SubmitParams(Section):
+    name: str = param("submission", "submissions/<name>.csv")
+
+
+class VideoParams(Section):
+    """pipeline predict-video (pipeline/inference/tracking.py, pipeline/keypoints/smoothing.py)"""
+
+    detect_every: int = param(10, "run the face detector every N frames (and sooner when a track is lost)", ge=1)
+    # a bound on the detector's cost per second: fps / retry_every + fps / detect_every runs,
+    # never every frame
+    retry_every: int = param(5, "while a track is lost or nothing is tracked, the detector runs at most "
+                                "every N frames", ge=1)
+    detector: Literal["auto", "mtcnn", "dlib", "haar"] = param("auto", "auto | mtcnn | dlib | haar "
+                                                                       "(see predict-image)")
+    match_iou: float = param(0.3, "a detection with this IoU to a track's box continues that track (same id)",
+                             gt=0, le=1)
+    max_missed: int = param(1, "a track missed on more detection frames in a row than this is closed", ge=0)
+    min_visible: float = param(0.5, "a track whose box is less than this share inside the picture is closed",
+                               ge=0, le=1)
+    max_faces: int = param(0, "track at most N faces at once (0: all)", ge=0)
+    # the box from a face's keypoints on the last frame, in the training boxes' convention:
+    # width = box_w_scale * keypoint x extent, height = box_h_scale * y extent, centre =
+    # extent centre + (box_dx, box_dy) * extent. Medians of both train XMLs (demo set and
+    # ibug300w-mini agree to 0.01; tracking.measure_points_to_box)
+    box_w_scale: float = param(1.0, "box from last frame's keypoints: width = this x keypoint x extent",
+                               gt=0, le=10)
+    box_h_scale: float = param(1.12, "height = this x keypoint y extent", gt=0, le=10)
+    box_dx: float = param(0.0, "box centre shift in x, in extents", ge=-1, le=1)
+    box_dy: float = param(-0.06, "box centre shift in y, in extents", ge=-1, le=1)
+    smooth: Literal["on", "off"] = param("on", "smooth the keypoints over time (video.filter): on | off (raw "
+                                               "predictions)")
+    # poly: no lag (best-aligning delay 0 frames on real clips), at half_window_s of latency as
+    # the video is written that much behind; One Euro cut real-clip jitter by only a third at
+    # settings without lag (docs/video.md)
+    filter: Literal["poly", "one_euro"] = param(
+        "poly", "poly: a centred local quadratic (Savitzky-Golay) over +-half_window_s | one_euro: causal "
+                "(Casiez et al. 2012: min_cutoff, beta, d_cutoff), for live use")
+    half_window_s: float = param(0.1, "s: half the poly window (0.1: 7 frames at 30 fps; longer = less jitter, "
+                                      "more lag; 0 = no smoothing)", ge=0, le=10)
+    min_cutoff: float = param(0.1, "Hz: cutoff for a still face (lower = less jitter, more lag)", gt=0, le=1e3)
+    beta: float = param(100.0, "Hz of cutoff per (face size / s) of speed (higher = less lag when moving)",
+                        ge=0, le=1e3)
+    d_cutoff: float = param(1.0, "Hz: cutoff of the speed estimate", gt=0, le=1e3)
+
+
+class Config(BaseModel):
+    """Every section of params.yaml. Modules take the section they read (`cfg.train`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
+    data: DataParams = DataParams()
+    demo: DemoParams = DemoParams()
+    crop: CropParams = CropParams()
+    folds: FoldsParams = FoldsParams()
+    model: ModelParams = ModelParams()
+    train: TrainParams = TrainParams()
+    predict: PredictParams = PredictParams()
+    submit: SubmitParams = SubmitParams()
+    video: VideoParams = VideoParams()
+
+    def section(self, name: str) -> Section:
+        return getattr(self, name)
+
+
+SECTIONS: tuple[str, ...] = tuple(Config.model_fields)
+
+
+def section_fields(section: str) -> dict[str, FieldInfo]:
+    return Config.model_fields[section].annotation.model_fields
+
+
+DEFAULTS = Config()
+
+
+# ---------------------------------------------------------------- errors in words
+
+_TYPE_NAMES = {bool: "bool", int: "int", float: "number", str: "string", dict: "mapping", list: "list"}
+
+
+def _base_types(annotation: Any) -> list[type]:
+    """The plain types a field takes (Optional[str] -> [str, NoneType]; Literal -> its values' types)."""
+    origin = getattr(annotation, "__origin__", None)
+    args = getattr(annotation, "__args__", ())
+    if origin is Literal:
+        return list(dict.fromkeys(type(a) for a in args))
+    if args and origin is not None and origin not in (list, dict):  # Union / Optional
+        return [t for a in args for t in _base_types(a)]
+    return [origin or annotation]
+
+
+def type_name(field: FieldInfo) -> str:
+    types = _base_types(field.annotation)
+    if dict in types:  # a free-form mapping (model.options, data.custom_schema; null = none)
+        return "mapping"
+    if type(None) in types:
+        return " or ".join(t.__name__ for t in types if t is not type(None)) + " or null"
+    return " or ".join(_TYPE_NAMES.get(t, getattr(t, "__name__", str(t))) for t in types)
+
+
+def _choices(field: FieldInfo) -> tuple | None:
+    ann = field.annotation
+    return ann.__args__ if getattr(ann, "__origin__", None) is Literal else None
+
+
+def _bounds(field: FieldInfo) -> dict[str, float]:
     out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and f"{prefix}{k}" not in FREE_FORM and v:
-            out.update(flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
+    for m in field.metadata:
+        for k in ("ge", "gt", "le", "lt"):
+            if getattr(m, k, None) is not None:
+                out[k] = getattr(m, k)
     return out
 
 
-DEFAULTS_FLAT = flatten(DEFAULTS)
+def requirement(field: FieldInfo) -> str:
+    """What a value of `field` must be, in words: 'an integer >= 1', 'a number in (0, 10]',
+    'auto, on or off'. Types alone ('int') are worded by type_name."""
+    if _extra(field).get("must"):
+        return _extra(field)["must"]
+    choices = _choices(field)
+    if choices:
+        words = [str(c) for c in choices]
+        return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
+    b = _bounds(field)
+    lo, hi = b.get("ge", b.get("gt")), b.get("le", b.get("lt"))
+    if int in _base_types(field.annotation):
+        if hi is None:
+            return f"an integer >= {lo}"
+        return f"an integer in [{lo}, {hi}]"
+    if lo is not None and hi is None:
+        return f"a number {'>' if 'gt' in b else '>='} {lo:g}"
+    if lo is not None:
+        return f"a number in {'(' if 'gt' in b else '['}{lo:g}, {hi:g}{')' if 'lt' in b else ']'}"
+    return f"a {type_name(field)}"
+
+
+def _type_ok(field: FieldInfo, value: Any) -> bool:
+    types = _base_types(field.annotation)
+    if isinstance(value, bool):
+        return bool in types
+    if float in types and isinstance(value, int):
+        return True
+    return any(isinstance(value, t) for t in types if t is not Any)
+
+
+def _explain(err: dict, section: str) -> str:
+    """One pydantic error of a section -> "'train.lr' must be a number > 0, got -1"."""
+    name = str(err["loc"][0])
+    key = f"{section}.{name}"
+    field = section_fields(section)[name]
+    value = err["input"] if len(err["loc"]) == 1 else None
+    if len(err["loc"]) == 1:
+        if err["type"] == "finite_number":
+            return f"'{key}' must be a finite number, got {value!r}"
+        if not _type_ok(field, value):
+            what = "a mapping" if dict in _base_types(field.annotation) else type_name(field)
+            return f"'{key}' must be {what}, got {value!r}"
+        return f"'{key}' must be {requirement(field)}, got {value!r}"
+    return f"'{key}' must be {requirement(field)}"  # an element of a list
+
+
+# ---------------------------------------------------------------- loading
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
@@ -322,6 +427,21 @@ def _unique_mapping(loader: yaml.SafeLoader, node: yaml.MappingNode, deep: bool 
 
 
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _unique_mapping)
+
+
+def read_params_file(path: str | os.PathLike) -> dict:
+    """A params YAML file as a dict ({} when empty); one-line errors naming the file."""
+    path = Path(path)
+    input_file(path, "params file not found", "a params YAML file")
+    try:
+        loaded = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" (line {mark.line + 1})" if mark else ""
+        raise PipelineError(path, f"invalid YAML{line}: {getattr(e, 'problem', e)}") from None
+    except UnicodeDecodeError:
+        raise PipelineError(path, "not a text file") from None
+    return {} if loaded is None else loaded
 
 
 def parse_override(text: str) -> dict:
@@ -349,6 +469,29 @@ def parse_override(text: str) -> dict:
     return node
 
 
+def merge(cfg: Config, update: Any, source: str) -> Config:
+    """`cfg` with the sections of `update` (a parsed params file or --set) merged in: a
+    leaf replaces the value (a mapping such as model.options as a whole), and the result is
+    checked. Errors name `source` and the key."""
+    if not isinstance(update, dict):
+        raise PipelineError(source, "'top level' must be a mapping")
+    data = cfg.model_dump()
+    for name, values in update.items():
+        if name not in data:
+            raise PipelineError(source, f"unknown key '{name}'")
+        if not isinstance(values, dict):
+            raise PipelineError(source, f"'{name}' must be a mapping")
+        for key, value in values.items():
+            if key not in data[name]:
+                raise PipelineError(source, f"unknown key '{name}.{key}'")
+            data[name][key] = value
+    try:
+        return Config.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise PipelineError(source, _explain(dict(err, loc=err["loc"][1:]), str(err["loc"][0]))) from None
+
+
 _SOURCE: dict[str, Any] = {"file": "params.yaml", "set": {}}  # of the last load_config (one per CLI process)
 
 
@@ -363,46 +506,52 @@ def params_source(*keys: str) -> str:
     return _SOURCE["file"]
 
 
-def with_overrides(cfg: dict, overrides: Iterable[str]) -> dict:
-    """A copy of a resolved config with `key=value` overrides merged in, checked as --set's."""
-    cfg = copy.deepcopy(cfg)
+def with_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
+    """`cfg` with `key=value` overrides merged in, checked as --set's."""
     for text in overrides:
-        _merge(cfg, parse_override(text), f"--set {text}")
+        cfg = merge(cfg, parse_override(text), f"--set {text}")
     return cfg
 
 
-def load_config(params: str | os.PathLike | None = "params.yaml",
-                overrides: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
+def load_config(params: str | os.PathLike | None = "params.yaml", overrides: Iterable[str] = ()) -> Config:
     """Defaults, then `params` (a missing default params.yaml means defaults), then overrides."""
     overrides = list(overrides)
     _SOURCE["file"] = "params.yaml" if params is None else str(params)
     _SOURCE["set"] = {t.split("=", 1)[0].strip(): t for t in overrides}
-    cfg = copy.deepcopy(DEFAULTS)
+    cfg = DEFAULTS
     if params is not None:
         path = Path(params)
         if path.exists() or str(params) != "params.yaml":  # only the default may be missing
-            input_file(path, "params file not found", "a params YAML file")
-            try:
-                loaded = yaml.load(path.read_text(), Loader=_UniqueKeyLoader)
-            except yaml.YAMLError as e:
-                mark = getattr(e, "problem_mark", None)
-                line = f" (line {mark.line + 1})" if mark else ""
-                raise PipelineError(path, f"invalid YAML{line}: {getattr(e, 'problem', e)}") from None
-            except UnicodeDecodeError:
-                raise PipelineError(path, "not a text file") from None
-            if loaded is not None:
-                _merge(cfg, loaded, str(path))
-    for text in overrides:
-        _merge(cfg, parse_override(text), f"--set {text}")
-    return cfg
+            cfg = merge(cfg, read_params_file(path), str(path))
+    return with_overrides(cfg, overrides)
 
 
-def result_params(cfg: dict, sections: Iterable[str]) -> dict[str, dict[str, Any]]:
-    """The sections' params less the SPEED_ONLY ones: what a stage's outputs depend on."""
-    return {s: {k: v for k, v in cfg[s].items() if f"{s}.{k}" not in SPEED_ONLY} for s in sections}
+# ---------------------------------------------------------------- what results depend on
 
 
-def write_resolved(cfg: dict, out_dir: str | os.PathLike, sections: Iterable[str],
+def result_params(cfg: Config | dict, sections: Iterable[str], drop_runtime: bool = False,
+                  exclude: Iterable[str] = ()) -> dict[str, dict]:
+    """The sections' params less the speed-only ones (and the runtime ones with
+    `drop_runtime`, and the keys `exclude`): what a stage's outputs depend on. `cfg` may be
+    the dict a checkpoint stored (its unknown keys are kept: they make a resume key differ,
+    as they should)."""
+    data = cfg.model_dump() if isinstance(cfg, Config) else cfg
+    exclude = set(exclude)
+
+    def kept(s: str, k: str) -> bool:
+        field = section_fields(s).get(k)
+        if f"{s}.{k}" in exclude:
+            return False
+        return field is None or not (is_speed_only(field) or (drop_runtime and is_runtime(field)))
+
+    return {s: {k: v for k, v in data.get(s, {}).items() if kept(s, k)} for s in sections}
+
+
+def speed_only_keys() -> set[str]:
+    return {f"{s}.{k}" for s in SECTIONS for k, f in section_fields(s).items() if is_speed_only(f)}
+
+
+def write_resolved(cfg: Config, out_dir: str | os.PathLike, sections: Iterable[str],
                    name: str = "params.resolved.yaml") -> Path:
     """Write the sections a stage used beside its outputs, so a result names its config."""
     out = Path(out_dir) / name
@@ -419,6 +568,18 @@ def read_resolved(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
     if not isinstance(loaded, dict) or not all(isinstance(v, dict) for v in loaded.values()):
         raise PipelineError(path, "not a resolved params file (expects sections of key: value)")
     return loaded
+
+
+def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    """{'train': {'lr': 0.1}} -> {'train.lr': 0.1}; mappings that are values (model.options)
+    stay whole."""
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and not prefix and v:
+            out.update(flatten(v, f"{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out
 
 
 def config_options(fn):

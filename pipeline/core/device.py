@@ -7,7 +7,7 @@ import logging
 
 import torch
 
-from pipeline.core.config import params_source
+from pipeline.core.config import params_source, switch_on
 from pipeline.core.errors import PipelineError
 
 log = logging.getLogger(__name__)
@@ -98,18 +98,14 @@ def autocast(device: torch.device, dtype: torch.dtype | None):
 def use_channels_last(setting: str, device: torch.device) -> bool:
     """NHWC activations: `auto` on CUDA and on the CPU, where oneDNN's convolutions and
     their backward run faster on channels_last tensors (docs/benchmarks.md)."""
-    if setting not in ("auto", "on", "off"):
-        raise PipelineError(params_source("train.channels_last"), f"channels_last must be auto|on|off, got '{setting}'")
-    return setting in ("on", "auto")
+    return switch_on(setting, True, "train.channels_last")
 
 
 def use_compile(setting: str) -> bool:
     """torch.compile the training network: `auto` is off everywhere. On the 2-core CPU
     inductor compiles for 25-60 s per fold and the step gains ~2% (docs/benchmarks.md), so
     it does not pay back within a fold; it has not been measured on CUDA."""
-    if setting not in ("auto", "on", "off"):
-        raise PipelineError(params_source("train.compile"), f"compile must be auto|on|off, got '{setting}'")
-    return setting == "on"
+    return switch_on(setting, False, "train.compile")
 
 
 # Per-rank batches below this make BatchNorm statistics noisy enough to matter (8 GPUs x
@@ -121,13 +117,13 @@ def use_sync_bn(setting: str, device: torch.device, world: int, rank_batch: int)
     """Whether to convert BatchNorm to SyncBatchNorm: `on` under DDP, `auto` under DDP on
     CUDA with a per-rank batch below SYNC_BN_BELOW. SyncBatchNorm runs on GPUs only (its
     forward refuses CPU tensors), so CPU (gloo) runs keep per-rank statistics."""
-    if setting not in ("auto", "on", "off"):
-        raise PipelineError(params_source("train.sync_bn"), f"sync_bn must be auto|on|off, got '{setting}'")
-    if world <= 1 or setting == "off":
+    forced = setting == "on"
+    if not switch_on(setting, True, "train.sync_bn") or world <= 1:
         return False
     if device.type != "cuda":
-        if setting == "on":
+        if forced:
             raise PipelineError(params_source("train.sync_bn"), "train.sync_bn=on needs CUDA devices "
                                                                 "(SyncBatchNorm does not run on the CPU)")
         return False
-    return setting == "on" or rank_batch < SYNC_BN_BELOW
+    return forced or rank_batch < SYNC_BN_BELOW
+

@@ -23,8 +23,7 @@ import logging
 import platform
 import sys
 
-from pipeline.core.config import params_source
-from pipeline.core.errors import PipelineError
+from pipeline.core.config import switch_on
 
 log = logging.getLogger(__name__)
 
@@ -54,12 +53,7 @@ def _glibc():
 
 def use_keep_freed_memory(setting: str) -> bool:
     """`auto` = on where the C library is glibc (Linux); on/off as given."""
-    if setting not in ("auto", "on", "off"):
-        raise PipelineError(params_source("train.keep_freed_memory"),
-                            f"keep_freed_memory must be auto|on|off, got '{setting}'")
-    if setting == "off":
-        return False
-    return _glibc() is not None
+    return switch_on(setting, True, "train.keep_freed_memory") and _glibc() is not None
 
 
 def keep_freed_memory(on: bool) -> bool:

@@ -44,7 +44,7 @@ class Face:
 # `photo` is everything before an optional 1-2 digit face number and an optional _mirror:
 # a face, the other faces of its photo and its mirror get one group. `folds.group_regex`
 # (params) sets another rule for other data sets.
-GROUP_REGEX: str = DEFAULTS["folds"]["group_regex"]
+GROUP_REGEX: str = DEFAULTS.folds.group_regex
 _DEFAULT_GROUP_RX = re.compile(GROUP_REGEX)
 
 

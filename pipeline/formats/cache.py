@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from pipeline.core.config import DataParams
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import write_json, write_npy, write_text
 from pipeline.core.paths import DEMO_DIR
@@ -27,10 +28,10 @@ from pipeline.keypoints.schema import KeypointSchema, schema_from_dict
 CACHE_MARKER = "info.json"  # written last: a folder holding it is a complete cache split
 
 
-def dataset_root(data_cfg: dict, override: str | os.PathLike | None = None) -> Path:
+def dataset_root(data_cfg: DataParams, override: str | os.PathLike | None = None) -> Path:
     """The dataset folder: `override` (a command's --data-dir), else data.dir, else the
     demo set."""
-    return Path(override or data_cfg["dir"] or DEMO_DIR)
+    return Path(override or data_cfg.dir or DEMO_DIR)
 
 
 META_COLUMNS = ["index", "face_id", "group", "image", "box_left", "box_top", "box_width", "box_height",

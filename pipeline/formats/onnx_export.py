@@ -85,8 +85,8 @@ def onnx_bytes(model: torch.nn.Module, input_size: int, in_chans: int, opset: in
 def export_meta(ckpt: dict[str, Any], onnx_data: bytes, source: str | os.PathLike | None,
                 has_maps: bool) -> dict[str, Any]:
     """The JSON beside the ONNX file (also the ckpt-like dict the pipeline predicts with)."""
-    cfg = ckpt["model_config"]
-    c, size = int(cfg["in_chans"]), int(cfg["input_size"])
+    model_config = ckpt["model_config"]
+    c, size = int(model_config["in_chans"]), int(model_config["input_size"])
     mean = list(MEAN) if c == 3 else [sum(MEAN) / 3]
     std = list(STD) if c == 3 else [sum(STD) / 3]
     crop_size, expand = checkpoint_crop(ckpt, source)
@@ -114,7 +114,7 @@ def export_meta(ckpt: dict[str, Any], onnx_data: bytes, source: str | os.PathLik
                  "how": "flip TTA: predict the mirrored input (columns reversed), x -> W - 1 - x, then "
                         "point i of the result is point perm[i] of that prediction; average with plain"},
         "schema": schema,
-        "model_config": cfg,
+        "model_config": model_config,
         "epoch": int(ckpt.get("epoch", 0)),
         "checkpoint": str(src) if src else None,
         "checkpoint_sha256": sha256_file(src) if src and src.is_file() else None,

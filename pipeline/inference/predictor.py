@@ -113,7 +113,7 @@ def load_predictor(path: str | os.PathLike, backend: str | None = "torch", devic
                 return OnnxModel(twin, meta["model_config"], threads), meta
             log.info("%s was exported from another checkpoint: exporting %s again in memory", twin, path.name)
     model, ckpt = load_model(path, "cpu", schema=schema)
-    cfg = ckpt["model_config"]
-    data = onnx_bytes(model, int(cfg["input_size"]), int(cfg["in_chans"]))
+    model_config = ckpt["model_config"]
+    data = onnx_bytes(model, int(model_config["input_size"]), int(model_config["in_chans"]))
     meta = export_meta(ckpt, data, path, hasattr(model, "forward_maps"))
-    return OnnxModel(data, cfg, threads), meta
+    return OnnxModel(data, model_config, threads), meta

@@ -30,6 +30,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from pipeline.core.config import VideoParams
 from pipeline.detection.boxes import iou, overlap_of_smaller
 from pipeline.detection.matching import match
 from pipeline.formats.annotations import load_xml
@@ -64,9 +65,9 @@ def points_to_box(points: np.ndarray, c: dict) -> np.ndarray:
     return np.stack([cx - w / 2, cy - h / 2, w, h], axis=1)
 
 
-def box_constants(video_cfg: dict) -> dict:
-    return {"w_scale": video_cfg["box_w_scale"], "h_scale": video_cfg["box_h_scale"],
-            "dx": video_cfg["box_dx"], "dy": video_cfg["box_dy"]}
+def box_constants(video_cfg: VideoParams) -> dict:
+    return {"w_scale": video_cfg.box_w_scale, "h_scale": video_cfg.box_h_scale,
+            "dx": video_cfg.box_dx, "dy": video_cfg.box_dy}
 
 
 def measure_points_to_box(xml_path: str | os.PathLike) -> dict:

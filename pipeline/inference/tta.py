@@ -88,8 +88,8 @@ def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndar
     the final answer."""
     if tta not in ("none", "flip"):
         raise PipelineError(params_source("predict.tta"), f"predict.tta must be none|flip, got '{tta}'")
-    cfg = ckpt["model_config"]
-    crops = predict_crops(model, faces, input_size=cfg["input_size"], in_chans=cfg["in_chans"],
+    model_config = ckpt["model_config"]
+    crops = predict_crops(model, faces, input_size=model_config["input_size"], in_chans=model_config["in_chans"],
                           flip_perm=ckpt["schema"]["flip"] if tta == "flip" else None,
                           batch_size=batch_size, device=device,
                           amp=amp_dtype(amp, device, amp_key), progress=progress, jitter=jitter_views(jitter))

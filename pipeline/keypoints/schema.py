@@ -8,7 +8,7 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core.config import params_source
+from pipeline.core.config import DataParams, params_source
 from pipeline.core.errors import PipelineError
 from pipeline.keypoints.flip import flip_coords
 
@@ -118,18 +118,18 @@ def custom_schema(spec: dict[str, Any], source: str = "params.yaml") -> Keypoint
         raise PipelineError(source, "data.custom_schema: flip and eyes must be lists of integers") from None
 
 
-def get_schema(data_cfg: dict[str, Any]) -> KeypointSchema:
+def get_schema(data_cfg: DataParams) -> KeypointSchema:
     """The schema named by the `data` section of the params."""
-    name = data_cfg.get("schema", "ibug68")
+    name = data_cfg.schema
     if name == "ibug68":
         return IBUG68
     if name == "nose1":
         return NOSE1
     if name == "custom":
-        if not data_cfg.get("custom_schema"):
+        if not data_cfg.custom_schema:
             raise PipelineError(params_source("data.schema", "data.custom_schema"),
                                 "data.schema is 'custom' but data.custom_schema is empty")
-        return custom_schema(data_cfg["custom_schema"])
+        return custom_schema(data_cfg.custom_schema)
     raise PipelineError(params_source("data.schema"), f"data.schema: unknown schema '{name}' (ibug68, nose1, custom)")
 
 

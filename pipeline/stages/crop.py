@@ -16,7 +16,7 @@ from pathlib import Path
 
 import click
 
-from pipeline.core.config import config_options, params_source, write_resolved
+from pipeline.core.config import Config, config_options, result_params, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.faults import kill_point
 from pipeline.core.io import check_output, check_replaceable, staging_dir
@@ -28,22 +28,16 @@ from pipeline.keypoints.schema import get_schema
 log = logging.getLogger(__name__)
 
 
-def run_crop(cfg: dict, out_dir: str | os.PathLike = CACHE_DIR) -> dict[str, int]:
+def run_crop(cfg: Config, out_dir: str | os.PathLike = CACHE_DIR) -> dict[str, int]:
     """The `crop` stage: both splits of data.dir (or the demo set) into out_dir/{train,test}."""
     check_output(out_dir, folder=True)
-    dcfg, ccfg = cfg["data"], cfg["crop"]
-    if ccfg["side"] < 8 or ccfg["expand"] <= 0:
-        raise PipelineError(params_source("crop.side", "crop.expand"),
-                            f"crop.side must be >= 8 and crop.expand > 0, got "
-                            f"{ccfg['side']} and {ccfg['expand']}")
-    if ccfg["n_jobs"] == 0:
-        raise PipelineError(params_source("crop.n_jobs"), "crop.n_jobs must be >= 1 (or negative: all cores but n+1)")
+    dcfg, ccfg = cfg.data, cfg.crop  # ranges checked on loading (crop.side, crop.expand, crop.n_jobs)
     root = dataset_root(dcfg)
     if not root.is_dir():
-        hint = " (run `pipeline demo-data data/demo`, or set data.dir)" if dcfg["dir"] is None else ""
+        hint = " (run `pipeline demo-data data/demo`, or set data.dir)" if dcfg.dir is None else ""
         raise PipelineError(root, "dataset folder not found" + hint)
     schema = get_schema(dcfg)
-    splits = {"train": (root / dcfg["train_xml"], True), "test": (root / dcfg["test_xml"], False)}
+    splits = {"train": (root / dcfg.train_xml, True), "test": (root / dcfg.test_xml, False)}
     out = Path(out_dir)
     check_replaceable(out, is_cache_root, "a face cache (only train/, test/ and params.resolved.yaml may be there)")
     for name in splits:  # fail before the work when an output cannot be replaced
@@ -53,7 +47,7 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = CACHE_DIR) -> dict[str, int
     crops, timing = {}, {}
     for name, (xml, _) in splits.items():
         t0 = time.perf_counter()
-        crops[name] = crop_faces(faces[name], root, ccfg["side"], ccfg["expand"], ccfg["n_jobs"], xml,
+        crops[name] = crop_faces(faces[name], root, ccfg.side, ccfg.expand, ccfg.n_jobs, xml,
                                  progress=True, return_sizes=True)
         timing[name] = time.perf_counter() - t0
     # both splits (and the params) go to one temp folder that replaces `out` as a whole: a
@@ -64,28 +58,25 @@ def run_crop(cfg: dict, out_dir: str | os.PathLike = CACHE_DIR) -> dict[str, int
             (tmp / name).mkdir()
             write_resolved(cfg, tmp / name, ["data", "crop"])  # before the split's info.json marks it complete
             arr, to_orig, sizes = crops[name]
-            write_cache_split(tmp / name, faces[name], arr, to_orig, sizes, schema, xml, ccfg["side"], ccfg["expand"],
-                              float(dcfg["label_origin"]), run)
+            write_cache_split(tmp / name, faces[name], arr, to_orig, sizes, schema, xml, ccfg.side, ccfg.expand,
+                              float(dcfg.label_origin), run)
             kill_point(f"crop:{name}")  # tests only (pipeline/core/faults.py)
         write_resolved(cfg, tmp, ["data", "crop"])
     for name, dt in timing.items():  # logged once the cache is written: a failure is its only line
         log.info("crop %s: %d faces in %.2f s (%.0f faces/s, %d jobs)", name, len(faces[name]), dt,
-                 len(faces[name]) / max(dt, 1e-9), ccfg["n_jobs"])
+                 len(faces[name]) / max(dt, 1e-9), ccfg.n_jobs)
     return {name: len(f) for name, f in faces.items()}
 
 
-# params that change no byte of the cache: where the data set lies (its files are hashed),
-# the truth file crop never reads, and how many workers crop
-_NOT_SHAPING = {"data": ("dir", "solution"), "crop": ("n_jobs",)}
-
-
-def crop_run_id(cfg: dict, root: Path, splits: dict, faces: dict) -> str:
+def crop_run_id(cfg: Config, root: Path, splits: dict, faces: dict) -> str:
     """The id both splits of one crop run carry: a hash of what the run read (the params
     that shape the cache, each annotation file's bytes and each photo's bytes), so the same
     inputs give byte-identical caches (DVC then skips the stages downstream) while caches of
     different inputs still differ (the mixed-cache check)."""
     h = hashlib.sha256()
-    shaping = {s: {k: v for k, v in cfg[s].items() if k not in _NOT_SHAPING[s]} for s in _NOT_SHAPING}
+    # less the speed-only params (crop.n_jobs), where the data set lies (its files are hashed
+    # below) and the truth file crop never reads
+    shaping = result_params(cfg, ["data", "crop"], exclude=("data.dir", "data.solution"))
     h.update(json.dumps(shaping, sort_keys=True, default=str).encode())
 
     def add(label: str, data: bytes) -> None:  # length-prefixed: no two inputs hash alike

@@ -7,15 +7,15 @@ from pathlib import Path
 
 import click
 
-from pipeline.core.config import config_options, write_resolved
+from pipeline.core.config import Config, config_options, write_resolved
 from pipeline.core.paths import DEMO_DIR
 from pipeline.synth.layout import LAYOUTS, generate_demo
 
 
-def run_demo_data(cfg: dict, out: str | os.PathLike) -> Path:
+def run_demo_data(cfg: Config, out: str | os.PathLike) -> Path:
     """The `demo-data` stage: the synthetic set of params `demo` into `out`."""
-    d = cfg["demo"]
-    generate_demo(out, d["n_train"], d["n_test"], d["seed"], layout=d["layout"])
+    d = cfg.demo
+    generate_demo(out, d.n_train, d.n_test, d.seed, layout=d.layout)
     write_resolved(cfg, out, ["demo"])
     return Path(out)
 
@@ -31,9 +31,9 @@ def run_demo_data(cfg: dict, out: str | os.PathLike) -> Path:
 @config_options
 def demo_data_cmd(out, n_train, n_test, seed, layout, cfg):
     """Write the synthetic demo data set (competition layout) to OUT."""
-    d = cfg["demo"]  # options given on the command line win over the params
-    for key, value in (("n_train", n_train), ("n_test", n_test), ("seed", seed), ("layout", layout)):
-        if value is not None:
-            d[key] = value
+    given = {"n_train": n_train, "n_test": n_test, "seed": seed, "layout": layout}
+    # options given on the command line win over the params
+    d = cfg.demo.model_copy(update={k: v for k, v in given.items() if v is not None})
+    cfg = cfg.model_copy(update={"demo": d})
     run_demo_data(cfg, out)
-    click.echo(f"wrote {d['n_train']} train + {d['n_test']} test demo faces to {out}")
+    click.echo(f"wrote {d.n_train} train + {d.n_test} test demo faces to {out}")

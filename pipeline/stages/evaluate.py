@@ -15,7 +15,7 @@ from typing import Any, Sequence
 import click
 import numpy as np
 
-from pipeline.core.config import config_options, flatten, write_resolved
+from pipeline.core.config import Config, DataParams, config_options, flatten, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, write_json, write_text
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, METRICS_DIR, PREDICTIONS_DIR
@@ -179,9 +179,9 @@ def uncalibrated_test_scores(test_npz: Path, solution: Path, eyes) -> dict[str, 
     return {"calibrated": calibrated, "mae_uncal": mae(raw, truth), "nme_uncal": _r(nme(raw, truth, eyes))}
 
 
-def solution_path(data_cfg: dict) -> Path:
+def solution_path(data_cfg: DataParams) -> Path:
     """Where the test truth lives: data.dir/data.solution, or the demo set's solution."""
-    return dataset_root(data_cfg) / data_cfg["solution"]
+    return dataset_root(data_cfg) / data_cfg.solution
 
 
 def _append_history(path: Path, entry: dict) -> None:
@@ -191,18 +191,18 @@ def _append_history(path: Path, entry: dict) -> None:
     write_text(path, old + json.dumps(entry, sort_keys=True, default=str) + "\n")
 
 
-def flat_params(cfg: dict, sections: Sequence[str] = HISTORY_SECTIONS) -> dict[str, Any]:
-    return flatten({s: cfg[s] for s in sections if s in cfg})
+def flat_params(cfg: Config, sections: Sequence[str] = HISTORY_SECTIONS) -> dict[str, Any]:
+    return flatten(cfg.model_dump(include=set(sections)))
 
 
-def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathLike,
+def run_evaluate(cfg: Config, cache: str | os.PathLike, folds_path: str | os.PathLike,
                  predictions: str | os.PathLike, out_dir: str | os.PathLike,
                  submission: str | os.PathLike | None = None, history: bool = True) -> dict[str, Any]:
     cache, predictions, out = Path(cache), Path(predictions), check_output(out_dir, folder=True)
     train_split, test_split = cache / "train", cache / "test"
     schema = split_schema(train_split)
     if schema is None:  # no cache: the params' schema
-        schema = get_schema(cfg["data"])
+        schema = get_schema(cfg.data)
     eyes = schema.eyes
 
     # OOF
@@ -226,8 +226,8 @@ def run_evaluate(cfg: dict, cache: str | os.PathLike, folds_path: str | os.PathL
     bias = oof_bias_report(tta, truth, eyes, schema.names)
 
     # test
-    sol = solution_path(cfg["data"])
-    sub = Path(submission) if submission else Path("submissions") / f"{cfg['submit']['name']}.csv"
+    sol = solution_path(cfg.data)
+    sub = Path(submission) if submission else Path("submissions") / f"{cfg.submit.name}.csv"
     test: dict[str, Any] = {"mae": None, "nme": None, "n": 0, "solution": None, "submission": None}
     unscored = None  # logged once the metrics are written: a failure is the command's only line
     if not sol.exists():

@@ -12,7 +12,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from pipeline.core.config import config_options, params_source, write_resolved
+from pipeline.core.config import Config, config_options, params_source, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE
@@ -64,26 +64,26 @@ def group_faces(meta, rule: str, meta_path: str | Path = "meta.csv"):
     return meta["image"].map(lambda im: photo_group(im, rx)).rename("group")
 
 
-def run_folds(cfg: dict, cache: str | Path, out_path: str | Path) -> np.ndarray:
+def run_folds(cfg: Config, cache: str | Path, out_path: str | Path) -> np.ndarray:
     """The `folds` stage: grouped folds of the cache's training faces -> folds.csv."""
     check_output(out_path)
     train_split = Path(cache) / "train"
     meta_path = train_split / "meta.csv"
     meta = read_meta(train_split)
-    fcfg = cfg["folds"]
-    bad = [f for f in fcfg["train"] if not (isinstance(f, int) and 0 <= f < fcfg["k"])]
+    fcfg = cfg.folds
+    bad = [f for f in fcfg.train if not (isinstance(f, int) and 0 <= f < fcfg.k)]
     if bad:
         raise PipelineError(params_source("folds.train", "folds.k"),
-                            f"folds.train has {bad}, folds are 0..{fcfg['k'] - 1}")
-    groups = group_faces(meta, fcfg["group_regex"], meta_path)
-    fold = make_folds(groups.to_numpy(), fcfg["k"], fcfg["seed"], source=str(meta_path))
+                            f"folds.train has {bad}, folds are 0..{fcfg.k - 1}")
+    groups = group_faces(meta, fcfg.group_regex, meta_path)
+    fold = make_folds(groups.to_numpy(), fcfg.k, fcfg.seed, source=str(meta_path))
     write_folds(out_path, meta, groups, fold)
     write_resolved(cfg, Path(out_path).parent, ["folds"], name="folds.params.yaml")
     sizes = groups.value_counts()  # logged once written: a failure is the command's only line
     log.info("%d faces in %d photo groups (folds.group_regex); largest: %s with %d faces", len(groups),
              len(sizes), sizes.index[0], sizes.iloc[0])
     log.info("%d faces (%d photo groups) in %d folds of sizes %s -> %s", len(meta), groups.nunique(),
-             fcfg["k"], np.bincount(fold, minlength=fcfg["k"]).tolist(), out_path)
+             fcfg.k, np.bincount(fold, minlength=fcfg.k).tolist(), out_path)
     return fold
 
 

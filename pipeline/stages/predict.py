@@ -11,7 +11,7 @@ from pathlib import Path
 import click
 import numpy as np
 
-from pipeline.core.config import config_options, params_source, write_resolved
+from pipeline.core.config import Config, config_options, params_source, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, MODELS_DIR, PREDICTIONS_DIR
@@ -30,24 +30,24 @@ def fold_checkpoints(models_dir: str | os.PathLike, k: int, name: str) -> dict[i
     return {i: p for i, p in found.items() if p.exists()}
 
 
-def run_predict(cfg: dict, cache_dir: str, folds_path: str, models_dir: str, out_dir: str,
+def run_predict(cfg: Config, cache_dir: str, folds_path: str, models_dir: str, out_dir: str,
                 backend: str = "torch") -> None:
     """The `predict` stage: every fold's model on the test faces (the ensemble, OOF-calibrated
     per predict.calibrate) and on its own validation faces (out of fold) -> out_dir."""
     check_output(out_dir, folder=True)
-    pcfg = cfg["predict"]  # predict.calibrate is one of calibrate.CALIBRATE_MODES (config RANGES)
-    tta, jitter, calibrate = pcfg["tta"], pcfg["tta_jitter"], pcfg["calibrate"]
+    pcfg = cfg.predict  # predict.calibrate is one of calibrate.CALIBRATE_MODES (config RANGES)
+    tta, jitter, calibrate = pcfg.tta, pcfg.tta_jitter, pcfg.calibrate
     check_tta(tta, jitter, params_source("predict.tta_jitter", "predict.tta"), prefix="predict.")
     train, test = load_cache(Path(cache_dir) / "train"), load_cache(Path(cache_dir) / "test")
     check_same_run(train, test)
     fold_of = read_folds(folds_path, train.meta, Path(cache_dir) / "train")  # rows must be the cache's faces
-    ckpts = fold_checkpoints(models_dir, int(fold_of.max()) + 1, pcfg["checkpoint"])
+    ckpts = fold_checkpoints(models_dir, int(fold_of.max()) + 1, pcfg.checkpoint)
     if not ckpts:
-        raise PipelineError(models_dir, f"no fold checkpoints named {pcfg['checkpoint']} found")
+        raise PipelineError(models_dir, f"no fold checkpoints named {pcfg.checkpoint} found")
     folds = sorted(ckpts)
     # every checkpoint is loaded and checked before the first prediction
-    landmarker = Landmarker.from_checkpoints([ckpts[f] for f in folds], backend, pcfg["device"], tta, jitter,
-                                             batch_size=pcfg["batch_size"], amp=pcfg["amp"], schema=test.schema)
+    landmarker = Landmarker.from_checkpoints([ckpts[f] for f in folds], backend, pcfg.device, tta, jitter,
+                                             batch_size=pcfg.batch_size, amp=pcfg.amp, schema=test.schema)
     landmarker.check_crops(test.info["size"], test.info["expand"], test.path)
     K = train.schema.k
     oof = {"tta": np.full((len(train), K, 2), np.nan), "plain": np.full((len(train), K, 2), np.nan)}

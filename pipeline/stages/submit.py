@@ -15,7 +15,7 @@ from typing import Sequence
 import click
 import numpy as np
 
-from pipeline.core.config import config_options, params_source, read_resolved
+from pipeline.core.config import Config, PredictParams, config_options, params_source, read_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, input_file
 from pipeline.core.paths import CACHE_DIR, PREDICTIONS_DIR
@@ -27,9 +27,9 @@ from pipeline.keypoints.schema import get_schema
 log = logging.getLogger(__name__)
 
 
-def submission_path(cfg: dict, out_dir: str | os.PathLike, out_path: str | os.PathLike | None) -> Path:
+def submission_path(cfg: Config, out_dir: str | os.PathLike, out_path: str | os.PathLike | None) -> Path:
     """--out, else <out_dir>/<submit.name>.csv (submit.name must be a plain file name)."""
-    name = cfg["submit"]["name"]
+    name = cfg.submit.name
     if not name or "/" in name or "\\" in name or "\0" in name or name in (".", ".."):
         raise PipelineError(params_source("submit.name"), f"submit.name must be a plain file name, got {name!r}")
     return Path(out_path) if out_path else Path(out_dir) / f"{name}.csv"
@@ -60,7 +60,7 @@ def _fold_of(path: str | os.PathLike, meta: dict) -> int | None:
     return int(m.group(1)) if m else None
 
 
-def calibration_mismatch(test_npz: Path, predict_cfg: dict, checkpoints: Sequence[str | os.PathLike],
+def calibration_mismatch(test_npz: Path, predict_cfg: PredictParams, checkpoints: Sequence[str | os.PathLike],
                          metas: Sequence[dict], schema) -> str | None:
     """Why the OOF calibration in `test_npz` is not the one `pipeline predict` would fit for
     these checkpoints under these predict params (None: it is)."""
@@ -71,29 +71,29 @@ def calibration_mismatch(test_npz: Path, predict_cfg: dict, checkpoints: Sequenc
     ours = sorted(_fold_of(c, m) for c, m in zip(checkpoints, metas) if _fold_of(c, m) is not None)
     if len(ours) != len(checkpoints) or ours != folds:
         return f"made with fold(s) {folds}, not the checkpoints' {ours or 'unknown folds'}"
-    want_kind = "tta" if predict_cfg["tta"] == "flip" else "plain"
+    want_kind = "tta" if predict_cfg.tta == "flip" else "plain"
     if str(z["oof_kind"]) != want_kind:
-        return (f"fitted on '{z['oof_kind']}' OOF predictions, this run's predict.tta {predict_cfg['tta']} "
+        return (f"fitted on '{z['oof_kind']}' OOF predictions, this run's predict.tta {predict_cfg.tta} "
                 f"needs '{want_kind}'")
     resolved = test_npz.parent / "params.resolved.yaml"
     if resolved.is_file():
         theirs = read_resolved(resolved).get("predict", {})
         for key in ("tta", "tta_jitter", "calibrate"):
-            if key in theirs and theirs[key] != predict_cfg[key]:
-                return f"made with predict.{key} {theirs[key]}, this run has {predict_cfg[key]}"
+            if key in theirs and theirs[key] != getattr(predict_cfg, key):
+                return f"made with predict.{key} {theirs[key]}, this run has {getattr(predict_cfg, key)}"
         name = theirs.get("checkpoint")
         if name is not None and any(Path(c).name != name for c in checkpoints):
             return f"made with the checkpoints named {name}"
     return None
 
 
-def xml_calibration(choice: str, predict_cfg: dict, checkpoints: Sequence[str | os.PathLike],
+def xml_calibration(choice: str, predict_cfg: PredictParams, checkpoints: Sequence[str | os.PathLike],
                     metas: Sequence[dict], schema) -> np.ndarray | None:
     """The OOF bias (K, 2) `submit --xml` subtracts, or None. choice: off; a predictions
     test.npz (its bias when it says it was applied; an error when it was made for other
     checkpoints or predict params); auto: the same from the checkpoints' project
     (`project_predictions`) when it is there, a warning and no calibration when it does not fit."""
-    if choice == "off" or predict_cfg["calibrate"] == "off":
+    if choice == "off" or predict_cfg.calibrate == "off":
         return None
     path = project_predictions(checkpoints) if choice == "auto" else Path(choice)
     if path is None or (choice == "auto" and not path.is_file()):
@@ -114,7 +114,7 @@ def xml_calibration(choice: str, predict_cfg: dict, checkpoints: Sequence[str | 
     return z["bias"].astype(np.float64)
 
 
-def run_submit_xml(cfg: dict, xml_path: str | os.PathLike, checkpoints: Sequence[str], out: Path,
+def run_submit_xml(cfg: Config, xml_path: str | os.PathLike, checkpoints: Sequence[str], out: Path,
                    calibration: str = "auto") -> np.ndarray:
     """Standalone: predict any test XML with any checkpoints (their `Landmarker`) -> CSV."""
     # the one path of submit that runs a network: the DVC stage (from predictions/) starts
@@ -124,13 +124,13 @@ def run_submit_xml(cfg: dict, xml_path: str | os.PathLike, checkpoints: Sequence
     input_file(xml_path, "test XML not found", "a test XML file")
     for c in checkpoints:  # all of them before the first one predicts
         input_file(c, "checkpoint not found", "a checkpoint file")
-    pcfg = cfg["predict"]
-    check_tta(pcfg["tta"], pcfg["tta_jitter"], params_source("predict.tta_jitter", "predict.tta"), prefix="predict.")
-    schema = get_schema(cfg["data"])
-    landmarker = Landmarker.from_checkpoints(checkpoints, "torch", pcfg["device"], pcfg["tta"], pcfg["tta_jitter"],
-                                             batch_size=pcfg["batch_size"], amp=pcfg["amp"], schema=schema)
+    pcfg = cfg.predict
+    check_tta(pcfg.tta, pcfg.tta_jitter, params_source("predict.tta_jitter", "predict.tta"), prefix="predict.")
+    schema = get_schema(cfg.data)
+    landmarker = Landmarker.from_checkpoints(checkpoints, "torch", pcfg.device, pcfg.tta, pcfg.tta_jitter,
+                                             batch_size=pcfg.batch_size, amp=pcfg.amp, schema=schema)
     landmarker.calibration = xml_calibration(calibration, pcfg, checkpoints, landmarker.metas, schema)
-    coords = landmarker.predict_xml(xml_path, cfg["crop"]["n_jobs"])
+    coords = landmarker.predict_xml(xml_path, cfg.crop.n_jobs)
     return _write(coords, xml_path, out, None, schema.k)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 import click
 import torch
 
-from pipeline.core.config import config_options, write_resolved
+from pipeline.core.config import Config, config_options, write_resolved
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, remove_stale_temps, write_json
@@ -44,17 +44,17 @@ def _without_timing(row: dict) -> dict:
     return {k: v for k, v in row.items() if k not in TIMING}
 
 
-def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str | Path = FOLDS_FILE,
+def fit(cfg: Config, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str | Path = FOLDS_FILE,
         out_root: str | Path = MODELS_DIR, resume: bool = True, live_dir: str | Path | None = None,
         max_epochs: int | None = None) -> dict[str, float]:
     """Train fold `fold`; returns the final metrics. `max_epochs` stops early (for tests of
     interruption): the schedule still follows train.epochs."""
-    tcfg = cfg["train"]
+    tcfg = cfg.train
     out = check_output(Path(out_root) / f"fold{fold}", folder=True)
     if live_dir is not None:
         check_output(live_dir, folder=True)
     cache, train_idx, val_idx = load_fold(cache_dir, folds_path, fold)
-    rank, world, device_name = init_distributed(tcfg["device"])
+    rank, world, device_name = init_distributed(tcfg.device)
     is_main = rank == 0  # only rank 0 writes checkpoints, metrics and DVCLive logs
     if not is_main:  # and only rank 0 logs progress: the other ranks report warnings only
         logging.getLogger("pipeline").setLevel(logging.WARNING)
@@ -71,19 +71,19 @@ def fit(cfg: dict, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str
         write_resolved(cfg, out, TRAIN_SECTIONS)
     live = _open_live(live_dir, history) if is_main else None
     log.info("fold %d: %d train / %d val faces, %s on %s, amp=%s, %d epochs", fold, len(train_idx),
-             len(val_idx), cfg["model"]["preset"], setup.device, setup.amp, tcfg["epochs"])
-    end_epoch = tcfg["epochs"] if max_epochs is None else min(tcfg["epochs"], max_epochs)
+             len(val_idx), cfg.model.preset, setup.device, setup.amp, tcfg.epochs)
+    end_epoch = tcfg.epochs if max_epochs is None else min(tcfg.epochs, max_epochs)
     for epoch in range(start_epoch, end_epoch):
-        tr = train_steps(setup, make_epoch_loader(setup, epoch), desc=f"fold {fold} epoch {epoch + 1}/{tcfg['epochs']}",
+        tr = train_steps(setup, make_epoch_loader(setup, epoch), desc=f"fold {fold} epoch {epoch + 1}/{tcfg.epochs}",
                          progress=is_main)
         tr["images_per_s"] *= world  # every rank trains on its own share at the same pace
-        ev = evaluate(setup.model, cache, val_idx, meta, 64, setup.device, tcfg["amp"])
+        ev = evaluate(setup.model, cache, val_idx, meta, 64, setup.device, tcfg.amp)
         row = {"epoch": epoch + 1, "train_loss": tr["loss"], "val_mae": ev["mae"], "val_nme": ev["nme"],
                "data_wait_frac": tr["data_wait_frac"], "images_per_s": tr["images_per_s"], "lr": tr["lr"]}
         weights = {"raw": setup.model}
         ema_note = ""
         if setup.ema is not None:
-            ev_ema = evaluate(setup.ema.module, cache, val_idx, meta, 64, setup.device, tcfg["amp"])
+            ev_ema = evaluate(setup.ema.module, cache, val_idx, meta, 64, setup.device, tcfg.amp)
             row.update(val_mae_ema=ev_ema["mae"], val_nme_ema=ev_ema["nme"])
             weights["ema"] = setup.ema.module
             ema_note = f"  EMA MAE {ev_ema['mae']:.3f} px  NME {100 * ev_ema['nme']:.2f}%"

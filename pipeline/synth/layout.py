@@ -52,9 +52,9 @@ from pipeline.synth.face import SPLITS, render_photo
 log = logging.getLogger(__name__)
 
 # the competition's file names, as params `data` expects them
-TRAIN_XML = DEFAULTS["data"]["train_xml"]
-TEST_XML = DEFAULTS["data"]["test_xml"]
-SOLUTION = DEFAULTS["data"]["solution"]
+TRAIN_XML = DEFAULTS.data.train_xml
+TEST_XML = DEFAULTS.data.test_xml
+SOLUTION = DEFAULTS.data.solution
 MARKER = "demo.json"  # how the set was made; marks the folder as ours to replace
 COMMENT = "Synthetic demo faces (pipeline demo-data); 68-point iBUG landmarks; boxes imitate a face detector."
 SOLUTION_FORMAT = "{:.3f}"  # the truth at the precision of the rendering, not the submission's 6 digits

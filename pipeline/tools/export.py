@@ -40,14 +40,14 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, ver
     if out.suffix != ".onnx":
         raise PipelineError(out, "the export file name must end in .onnx")
     model, ckpt = load_model(checkpoint, "cpu")
-    cfg = ckpt["model_config"]
-    data = onnx_bytes(model, int(cfg["input_size"]), int(cfg["in_chans"]))
+    model_config = ckpt["model_config"]
+    data = onnx_bytes(model, int(model_config["input_size"]), int(model_config["in_chans"]))
     quant = None
     if int8:
         if not onnx_available():
             raise PipelineError(checkpoint, "--int8 needs onnxruntime: pip install 'pipeline[onnx]'")
         faces, where = calibration_faces(ckpt, calibration)
-        data = quantize_int8(data, network_inputs(faces, int(cfg["input_size"]), int(cfg["in_chans"])))
+        data = quantize_int8(data, network_inputs(faces, int(model_config["input_size"]), int(model_config["in_chans"])))
         quant = {"precision": "int8", "how": "onnxruntime static QDQ: Conv weights int8 per channel, activations "
                                              "uint8 (min/max calibration); soft-argmax in float32",
                  "calibration": where}
@@ -85,10 +85,10 @@ def verify_export(model: torch.nn.Module, ckpt: dict, data: bytes, faces: np.nda
         return {"skipped": "onnxruntime not installed (pip install 'pipeline[onnx]')"}
     size, expand = checkpoint_crop(ckpt)
     faces = demo_crops(size, expand=expand) if faces is None else faces
-    cfg = ckpt["model_config"]
-    kw = dict(input_size=cfg["input_size"], in_chans=cfg["in_chans"], flip_perm=ckpt["schema"]["flip"])
+    model_config = ckpt["model_config"]
+    kw = dict(input_size=model_config["input_size"], in_chans=model_config["in_chans"], flip_perm=ckpt["schema"]["flip"])
     ref = predict_crops(model, faces, **kw)
-    got = predict_crops(OnnxModel(data, cfg), faces, **kw)
+    got = predict_crops(OnnxModel(data, model_config), faces, **kw)
     diff = {k: float(np.abs(ref[k] - got[k]).max()) for k in ("plain", "tta")}
     log.info("onnxruntime vs torch on %d demo crops: max |diff| %.2g px (plain), %.2g px (flip TTA)",
              len(faces), diff["plain"], diff["tta"])

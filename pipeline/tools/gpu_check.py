@@ -49,7 +49,7 @@ import numpy as np
 import torch
 
 import pipeline
-from pipeline.core.config import load_config
+from pipeline.core.config import Config, load_config
 from pipeline.core.device import amp_dtype, resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.faults import KILL_AT_STEP
@@ -119,7 +119,7 @@ class Context:
                 "predict.batch_size=64", "predict.tta=flip"]
         return base + [f"train.{x}" for x in s["sets"]] + list(extra)
 
-    def cfg(self, *extra: str) -> dict:
+    def cfg(self, *extra: str) -> Config:
         return load_config(None, self.sets(*extra))
 
 
@@ -177,7 +177,7 @@ def check_setup(ctx: Context) -> dict[str, Any]:
     _require(not layouts or all(layouts), f"{layouts.count(False)} of {len(layouts)} BlurPool outputs not channels_last")
 
     faces = cache.faces[:ctx.size["batch"]]
-    kw = {"input_size": cfg["model"]["input_size"], "in_chans": cfg["model"]["in_chans"], "flip_perm": None,
+    kw = {"input_size": cfg.model.input_size, "in_chans": cfg.model.in_chans, "flip_perm": None,
           "batch_size": len(faces), "device": ctx.device, "channels_last": True}
     fp32 = predict_crops(setup.model, faces, amp=None, **kw)["plain"]
     amp = predict_crops(setup.model, faces, amp=setup.amp, **kw)["plain"]

@@ -17,7 +17,7 @@ import click
 import cv2
 import numpy as np
 
-from pipeline.core.config import config_options
+from pipeline.core.config import Config, config_options
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
@@ -121,14 +121,14 @@ def morph_frames(a: np.ndarray, b: np.ndarray, pa: np.ndarray, pb: np.ndarray, n
     return frames
 
 
-def morph_face(source: str, landmarker: Landmarker, cfg: dict, cache_dir: str, split: str, size: int,
+def morph_face(source: str, landmarker: Landmarker, cfg: Config, cache_dir: str, split: str, size: int,
                expand: float, data_dir: str | None) -> tuple[np.ndarray, np.ndarray, str]:
     """(face frame (size, size, 3) RGB, its keypoints (K, 2) frame px, description) for a
     photo path (largest detected face) or an index into the cache split (its photo and box)."""
     if is_index(source):
         cache, i = cache_face(cache_dir, split, int(source))
         row = cache.meta.iloc[i]
-        root = dataset_root(cfg["data"], data_dir)
+        root = dataset_root(cfg.data, data_dir)
         image = PhotoReader(root, cache.info.get("xml", root))(row.image)
         box, what = np.array(meta_box(row)), f"{split} face {i}"
     else:
@@ -141,7 +141,7 @@ def morph_face(source: str, landmarker: Landmarker, cfg: dict, cache_dir: str, s
 
 def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, size: int, expand: float,
               cache: str, split: str, data_dir: str | None, mp4: bool, device: str, backend: str,
-              cfg: dict) -> list[Path]:
+              cfg: Config) -> list[Path]:
     """Frames morphing face A into face B -> GIF (and MP4); returns the files written."""
     if n_frames < 2:
         raise PipelineError(None, f"--frames must be >= 2, got {n_frames}")

@@ -18,7 +18,7 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.core.config import config_options
+from pipeline.core.config import Config, VideoParams, config_options
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, write_csv
@@ -51,7 +51,7 @@ def _face_tile(image: np.ndarray, box: np.ndarray | None, side: int = 144) -> np
     return face_tile(image, box, side, expand=1.6)[0]
 
 
-def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: dict, *,
+def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParams, *,
                 out_mp4: str | os.PathLike | None = None, smooth: bool = True, progress: bool = True,
                 detect=None, keep: Sequence[int] = ()) -> dict[str, Any]:
     """Keypoints of every face on every frame of `src` (tracked, see pipeline/inference/tracking.py),
@@ -61,7 +61,7 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: dict, *,
     The frames numbered in `keep` come back drawn both ways: {"kept": {i: (raw, smoothed)}}."""
     schema = landmarker.schema
     if detect is None:
-        found = get_detector(vcfg["detector"])
+        found = get_detector(vcfg.detector)
 
         def detect(image):
             return found(image, 0)[0]
@@ -71,13 +71,13 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: dict, *,
     cap, fps, declared = open_video(src)
     # "poly": a centred local quadratic over +-half frames (no lag, `half` frames of latency);
     # "one_euro": causal, smoothed as each frame comes
-    half = round(vcfg["half_window_s"] * fps) if vcfg["filter"] == "poly" else 0
-    smoother = ((lambda: OneEuroFilter(vcfg["min_cutoff"], vcfg["beta"], vcfg["d_cutoff"]))
-                if vcfg["filter"] == "one_euro" else None)
-    tracker = FaceTracker(detect, predict, box_from_points=box_constants(vcfg), detect_every=vcfg["detect_every"],
-                          match_iou=vcfg["match_iou"], min_visible=vcfg["min_visible"],
-                          max_missed=vcfg["max_missed"], max_faces=vcfg["max_faces"],
-                          retry_every=vcfg["retry_every"], smoother=smoother)
+    half = round(vcfg.half_window_s * fps) if vcfg.filter == "poly" else 0
+    smoother = ((lambda: OneEuroFilter(vcfg.min_cutoff, vcfg.beta, vcfg.d_cutoff))
+                if vcfg.filter == "one_euro" else None)
+    tracker = FaceTracker(detect, predict, box_from_points=box_constants(vcfg), detect_every=vcfg.detect_every,
+                          match_iou=vcfg.match_iou, min_visible=vcfg.min_visible,
+                          max_missed=vcfg.max_missed, max_faces=vcfg.max_faces,
+                          retry_every=vcfg.retry_every, smoother=smoother)
     rows: dict[str, list] = {"frame": [], "time": [], "face": [], "raw": [], "smoothed": [], "side": [], "box": []}
     writer = AtomicVideoWriter(out_mp4, fps) if out_mp4 is not None else None
     kept: dict[int, tuple[np.ndarray, np.ndarray]] = {}
@@ -166,15 +166,13 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: dict, *,
     return out
 
 
-def run_predict_video(cfg: dict, src: str, checkpoints: Sequence[str], out: str | None = None,
+def run_predict_video(cfg: Config, src: str, checkpoints: Sequence[str], out: str | None = None,
                       csv_path: str | None = None, smooth: str | None = None, device_name: str = "auto",
                       backend: str = "torch", tta: str | None = None, strip: str | None = None,
                       strip_frames: int = 4) -> dict[str, Any]:
     """`pipeline predict-video`: the annotated mp4, the CSV with `csv_path`, and with `strip`
     a PNG of strip_frames evenly spaced frames, raw predictions above, smoothed below."""
-    vcfg = dict(cfg["video"])
-    if smooth is not None:
-        vcfg["smooth"] = smooth
+    vcfg = cfg.video if smooth is None else cfg.video.model_copy(update={"smooth": smooth})
     src_path = Path(src)
     cap, _, declared = open_video(src_path)  # a bad input fails before the models load
     cap.release()
@@ -186,23 +184,23 @@ def run_predict_video(cfg: dict, src: str, checkpoints: Sequence[str], out: str 
             raise PipelineError(p, "would overwrite the input video")
         if p is not None:
             check_output(p)
-    get_detector(vcfg["detector"])  # a missing detector fails before the models load
+    get_detector(vcfg.detector)  # a missing detector fails before the models load
     landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device_name),
-                                             tta or cfg["predict"]["tta"])
+                                             tta or cfg.predict.tta)
     keep = sorted({int(round(v)) for v in np.linspace(0, max(declared - 1, 0), strip_frames)}) if strip else []
-    res = track_video(src_path, landmarker, vcfg, out_mp4=out_path, smooth=vcfg["smooth"] == "on", keep=keep)
-    pts = res["smoothed"] if vcfg["smooth"] == "on" else res["raw"]
+    res = track_video(src_path, landmarker, vcfg, out_mp4=out_path, smooth=vcfg.smooth == "on", keep=keep)
+    pts = res["smoothed"] if vcfg.smooth == "on" else res["raw"]
     if csv_path:
         write_video_csv(csv_path, res["frame"], res["time"], res["face"], pts)
     if strip and res["kept"]:
         frames = sorted(res["kept"])
         tiles = [put_label(res["kept"][i][row].copy(), f"frame {i} {name}")
                  for row, name in ((0, "raw"), (1, "smoothed")) for i in frames]
-        how = (f"local quadratic over +-{vcfg['half_window_s']:g} s" if vcfg["filter"] == "poly" else
-               f"One Euro, min_cutoff {vcfg['min_cutoff']:g}, beta {vcfg['beta']:g}")
+        how = (f"local quadratic over +-{vcfg.half_window_s:g} s" if vcfg.filter == "poly" else
+               f"One Euro, min_cutoff {vcfg.min_cutoff:g}, beta {vcfg.beta:g}")
         write_png(strip, contact_sheet(tiles, cols=len(frames), title=f"{src_path.name}: raw (top) vs smoothed ({how})"))
-    res.update(out=str(out_path), csv=str(csv_path) if csv_path else None, smooth=vcfg["smooth"])
-    res["stats"] = clip_stats(res, expected_faces=vcfg["max_faces"])
+    res.update(out=str(out_path), csv=str(csv_path) if csv_path else None, smooth=vcfg.smooth)
+    res["stats"] = clip_stats(res, expected_faces=vcfg.max_faces)
     log.info("%s -> %s", format_clip_stats(str(src), res["stats"]), out_path)
     return res
 
@@ -316,7 +314,7 @@ def tune_one_euro(still: dict, still_truth: dict, moving: dict, moving_truth: di
             "criterion": f"lowest still-face jitter with moving NME <= {max_nme_ratio} x raw"}
 
 
-def measure_smoothing(landmarker: Landmarker, vcfg: dict, workdir: str | os.PathLike, n_frames: int = 60,
+def measure_smoothing(landmarker: Landmarker, vcfg: VideoParams, workdir: str | os.PathLike, n_frames: int = 60,
                       detect=None) -> dict[str, Any]:
     """Jitter and NME, raw vs smoothed (the params' One Euro), on a still and a moving test
     video made in `workdir`, and frames/s end to end on the moving one (annotated mp4 written)."""
@@ -331,9 +329,9 @@ def measure_smoothing(landmarker: Landmarker, vcfg: dict, workdir: str | os.Path
                      "tracks": len(res["tracks"]), "detections": res["detections"], "stats": clip_stats(res),
                      "frames_per_s": res["frames"] / max(res["seconds"], 1e-9)}
     out["frames_per_s"] = out["moving"]["frames_per_s"]
-    out["one_euro"] = {k: vcfg[k] for k in ("min_cutoff", "beta", "d_cutoff")}
-    out["filter"] = (f"local quadratic over +-{vcfg['half_window_s']:g} s" if vcfg["filter"] == "poly" else
-                     f"One Euro min_cutoff {vcfg['min_cutoff']:g} beta {vcfg['beta']:g}")
+    out["one_euro"] = {k: getattr(vcfg, k) for k in ("min_cutoff", "beta", "d_cutoff")}
+    out["filter"] = (f"local quadratic over +-{vcfg.half_window_s:g} s" if vcfg.filter == "poly" else
+                     f"One Euro min_cutoff {vcfg.min_cutoff:g} beta {vcfg.beta:g}")
     return out
 
 
@@ -403,17 +401,17 @@ def video_stats_cmd(clips, checkpoints, csv_path, device, backend, cfg):
     """Footage without ground truth, measured: per clip, face tracks, id switches, frames with
     more faces than expected, frames/s (median and slowest second), jitter (mean second
     difference, % of the eye distance) raw vs smoothed, and the smoothing's lag."""
-    vcfg = dict(cfg["video"])
+    vcfg = cfg.video
     for c in clips:
         open_video(c)[0].release()  # a bad clip fails before the models load
     if csv_path:
         check_output(csv_path)
-    get_detector(vcfg["detector"])
-    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device), cfg["predict"]["tta"])
+    get_detector(vcfg.detector)
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device), cfg.predict.tta)
     table = [list(STATS_COLUMNS)]
     for c in clips:
         res = track_video(c, landmarker, vcfg, progress=False)
-        st = clip_stats(res, expected_faces=vcfg["max_faces"])
+        st = clip_stats(res, expected_faces=vcfg.max_faces)
         log.info("%s", format_clip_stats(c, st))
         table.append(stats_row(Path(c).name, st))
     widths = [max(len(str(row[i])) for row in table) for i in range(len(STATS_COLUMNS))]

@@ -20,7 +20,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.core.config import config_options
+from pipeline.core.config import Config, config_options
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
 from pipeline.core.paths import CACHE_DIR, PREDICTIONS_DIR
@@ -110,11 +110,11 @@ def worst_sheet(cache, pred: np.ndarray, photos: PhotoReader, n: int, tile: int)
     return contact_sheet(tiles, title=f"worst {len(tiles)} OOF faces (MAE): green truth, red prediction")
 
 
-def run_show(cfg: dict, cache_dir: str, predictions: str, data_dir: str | None, out_dir: str, n: int,
+def run_show(cfg: Config, cache_dir: str, predictions: str, data_dir: str | None, out_dir: str, n: int,
              worst: int, tile: int) -> dict[str, Path]:
     if tile < 16:
         raise PipelineError(None, f"--tile must be >= 16 px, got {tile}")
-    root = dataset_root(cfg["data"], data_dir)
+    root = dataset_root(cfg.data, data_dir)
     out = Path(out_dir)
     written: dict[str, Path] = {}
     if n > 0:
@@ -218,10 +218,10 @@ def heatmap_figure(model, ckpt: dict, face: np.ndarray, points: Sequence[int], t
     if not hasattr(model, "forward_maps"):
         raise PipelineError(None, f"model '{ckpt['model_config'].get('preset')}' regresses coordinates "
                                   "directly and has no heatmaps (forward_maps); use a heatmap model (resunet-*)")
-    cfg = ckpt["model_config"]
+    model_config = ckpt["model_config"]
     schema = schema_from_dict(ckpt["schema"])
-    coords, probs, view = probability_maps(model, face, cfg["in_chans"], cfg["input_size"])
-    s = tile / cfg["input_size"]
+    coords, probs, view = probability_maps(model, face, model_config["in_chans"], model_config["input_size"])
+    s = tile / model_config["input_size"]
     pts_tile = (coords + 0.5) * s - 0.5  # input px -> tile px (pixel centres at integers)
     colors = point_colors(schema)
     face_panel = cv2.resize(view, (tile, tile), interpolation=cv2.INTER_LINEAR)

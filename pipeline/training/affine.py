@@ -9,7 +9,8 @@ import math
 import cv2
 import numpy as np
 import torch
-from torchvision.transforms.v2 import InterpolationMode, functional as F
+from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2 import functional as F
 
 # below this linear scale the image is first resized with antialiasing, then warped
 ANTIALIAS_BELOW = 0.8

@@ -56,12 +56,13 @@ torch's global RNG (what a DataLoader seeds per worker). Same seed -> same sampl
 from __future__ import annotations
 
 import math
-from typing import Any
 
 import numpy as np
 import torch
-from torchvision.transforms.v2 import InterpolationMode, functional as F
+from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2 import functional as F
 
+from pipeline.core.config import Config
 from pipeline.keypoints.flip import flip_matrix
 from pipeline.keypoints.geometry import crop_to_input
 from pipeline.keypoints.schema import KeypointSchema
@@ -99,13 +100,13 @@ class TrainAugment:
         self._log_lo, self._log_hi = math.log(self.scale_min), math.log(self.scale_max)
 
     @classmethod
-    def from_config(cls, schema: KeypointSchema, cache_size: int, cfg: dict[str, Any]) -> "TrainAugment":
+    def from_config(cls, schema: KeypointSchema, cache_size: int, cfg: Config) -> "TrainAugment":
         """From resolved params: model.input_size, train.scale_min / scale_max / flip /
         randaug_n / randaug_m."""
-        t = cfg["train"]
-        return cls(schema, cache_size, cfg["model"]["input_size"], scale_min=t["scale_min"],
-                   scale_max=t["scale_max"], flip_p=t["flip"], randaug_n=t["randaug_n"],
-                   randaug_m=t["randaug_m"])
+        t = cfg.train
+        return cls(schema, cache_size, cfg.model.input_size, scale_min=t.scale_min,
+                   scale_max=t.scale_max, flip_p=t.flip, randaug_n=t.randaug_n,
+                   randaug_m=t.randaug_m)
 
     def draw(self, generator: torch.Generator | None = None) -> tuple[float, bool, list[tuple[str, float]]]:
         """(scale factor, flip, RandAugment ops) of one sample."""

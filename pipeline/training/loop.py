@@ -151,5 +151,5 @@ def evaluate(model, cache, val_idx: np.ndarray, ckpt_like: dict, batch_size: int
 def train_steps(setup, loader, desc: str = "train", progress: bool = True) -> dict[str, float]:
     """`train_one_epoch` of a `TrainSetup`'s network over `loader`."""
     return train_one_epoch(setup.net, loader, setup.loss_fn, setup.optimizer, setup.scaler, setup.state,
-                           setup.device, setup.amp, setup.cfg["train"]["grad_clip"], desc=desc, progress=progress,
+                           setup.device, setup.amp, setup.cfg.train.grad_clip, desc=desc, progress=progress,
                            ema=setup.ema)

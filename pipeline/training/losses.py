@@ -10,6 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from pipeline.core.config import TrainParams
 from pipeline.core.errors import PipelineError
 
 LOSS_KINDS = ("l1", "l2", "mse", "euclidean")
@@ -195,11 +196,11 @@ def build_loss(kind: str = "l1", structure_lambda: float = 0.2,
                         heatmap_lambda=heatmap_lambda, heatmap_sigma=heatmap_sigma)
 
 
-def loss_from_params(tcfg: dict, input_size: int, neighbours, heatmap_model: bool = True) -> KeypointLoss:
+def loss_from_params(tcfg: TrainParams, input_size: int, neighbours, heatmap_model: bool = True) -> KeypointLoss:
     """The loss of a `train` params section for a model of `input_size` pixels. The heatmap
     regulariser shapes soft-argmax maps: a regression model (`heatmap_model` False) has
     none, so it trains without it."""
-    return build_loss(tcfg["loss"], tcfg["structure_lambda"], neighbours,
-                      coord_scale=2.0 / input_size if tcfg["normalize_coords"] else 1.0,
-                      heatmap_lambda=tcfg["heatmap_lambda"] if heatmap_model else 0.0,
-                      heatmap_sigma=tcfg["heatmap_sigma"])
+    return build_loss(tcfg.loss, tcfg.structure_lambda, neighbours,
+                      coord_scale=2.0 / input_size if tcfg.normalize_coords else 1.0,
+                      heatmap_lambda=tcfg.heatmap_lambda if heatmap_model else 0.0,
+                      heatmap_sigma=tcfg.heatmap_sigma)

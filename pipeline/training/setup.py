@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.config import params_source, result_params
+from pipeline.core.config import Config, TrainParams, params_source, result_params
 from pipeline.core.device import amp_dtype, use_channels_last, use_compile, use_sync_bn
 from pipeline.core.errors import PipelineError
 from pipeline.core.heap import keep_freed_memory, use_keep_freed_memory
@@ -37,13 +37,32 @@ log = logging.getLogger(__name__)
 TRAIN_SECTIONS = ("data", "crop", "folds", "model", "train")
 
 
-def _config_key(cfg: dict) -> dict:
-    """The part of the config that must match for a checkpoint to be resumed. device,
-    workers and AMP choices change speed, not the result's meaning."""
-    key = result_params(cfg, TRAIN_SECTIONS)
-    for k in ("device", "num_workers", "compile", "keep_freed_memory"):
-        key["train"].pop(k, None)
-    return key
+def _config_key(cfg: Config | dict) -> dict:
+    """The part of the config (or of the dict a checkpoint stored) that must match for a
+    checkpoint to be resumed: less the speed-only and the runtime params (device, workers,
+    compilation, heap policy), which change how the run goes, not what it trains."""
+    return result_params(cfg, TRAIN_SECTIONS, drop_runtime=True)
+
+
+@dataclass(frozen=True)
+class TrainRuntime:
+    """train's switches resolved for this process: what the run actually does."""
+
+    amp: torch.dtype | None  # autocast dtype, None = fp32
+    channels_last: bool
+    compile: bool
+    keep_freed_memory: bool  # whether the heap keeps freed memory (never on without glibc)
+    sync_bn: bool
+
+
+def resolve_train_runtime(tcfg: TrainParams, device: torch.device, world: int = 1) -> TrainRuntime:
+    """The one place train's auto/on/off params become concrete choices, once the device
+    and the number of DDP processes are known (sync_bn depends on the per-rank batch)."""
+    return TrainRuntime(amp=amp_dtype(tcfg.amp, device),
+                        channels_last=use_channels_last(tcfg.channels_last, device),
+                        compile=use_compile(tcfg.compile),
+                        keep_freed_memory=use_keep_freed_memory(tcfg.keep_freed_memory),
+                        sync_bn=use_sync_bn(tcfg.sync_bn, device, world, tcfg.batch_size // world))
 
 
 @dataclass
@@ -52,7 +71,7 @@ class TrainSetup:
     data it learns from and where the schedule stands. `fit` runs its epochs (one
     `make_epoch_loader` + `train_steps` each); `pipeline bench` times the same steps."""
 
-    cfg: dict
+    cfg: Config
     device: torch.device
     amp: torch.dtype | None  # autocast dtype, None = fp32
     channels_last: bool
@@ -69,49 +88,50 @@ class TrainSetup:
     rank: int = 0
     world: int = 1
     ema: ModelEma | None = None  # the weights' moving average (train.ema_decay > 0)
+    runtime: TrainRuntime | None = None  # train's switches as resolved for this run
 
 
-def build_training(cfg: dict, cache, train_idx: np.ndarray, device: torch.device, rank: int = 0,
+def build_training(cfg: Config, cache, train_idx: np.ndarray, device: torch.device, rank: int = 0,
                    world: int = 1) -> TrainSetup:
     """Model (seeded by train.seed), optimizer, AMP scaler, loss, augmenting dataset and
     sampler for training on the faces `train_idx` of `cache`, with the lr schedule over
     train.epochs. Under DDP (world > 1) the model is wrapped and each rank takes its share
     of every batch."""
-    tcfg, mcfg = cfg["train"], cfg["model"]
-    if tcfg["batch_size"] % world:
+    tcfg, mcfg = cfg.train, cfg.model
+    if tcfg.batch_size % world:
         raise PipelineError(params_source("train.batch_size"),
-                            f"train.batch_size {tcfg['batch_size']} is not divisible by "
+                            f"train.batch_size {tcfg.batch_size} is not divisible by "
                             f"the {world} DDP processes")
     # train.batch_size is the global batch: each rank takes its share, so the lr and the
     # schedule do not change with the number of processes
-    rank_batch = tcfg["batch_size"] // world
-    torch.manual_seed(tcfg["seed"])
+    rank_batch = tcfg.batch_size // world
+    torch.manual_seed(tcfg.seed)
     if device.type == "cuda":
         # fixed input shapes: cuDNN times its algorithms once per shape and keeps the
         # fastest (not bit-reproducible between runs; see docs/scaling.md, Determinism)
         torch.backends.cudnn.benchmark = True
-    amp = amp_dtype(tcfg["amp"], device)
-    keep_freed_memory(use_keep_freed_memory(tcfg["keep_freed_memory"]))
-    channels_last = use_channels_last(tcfg["channels_last"], device)
-    schema, cache_size, input_size = cache.schema, cache.faces.shape[1], mcfg["input_size"]
+    runtime = resolve_train_runtime(tcfg, device, world)
+    amp, channels_last = runtime.amp, runtime.channels_last
+    keep_freed_memory(runtime.keep_freed_memory)
+    schema, cache_size, input_size = cache.schema, cache.faces.shape[1], mcfg.input_size
 
-    model = create_model(mcfg["preset"], schema.k, in_chans=mcfg["in_chans"], input_size=input_size,
-                         **mcfg["options"]).to(device)
+    model = create_model(mcfg.preset, schema.k, in_chans=mcfg.in_chans, input_size=input_size,
+                         **mcfg.options).to(device)
     if channels_last:
         model = model.to(memory_format=torch.channels_last)
-    if use_sync_bn(tcfg["sync_bn"], device, world, rank_batch):
+    if runtime.sync_bn:
         # same state_dict keys as BatchNorm2d: checkpoints load into the plain model
         model = torch.nn.SyncBatchNorm.convert_sync_batchnorm(model)
     net = model
     if world > 1:
         net = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[device.index] if device.type == "cuda" else None)
-    if use_compile(tcfg["compile"]):
+    if runtime.compile:
         # compiled on the first step (and again for an epoch's smaller last batch); the
         # parameters stay the model's, so checkpoints and evaluation use the plain module
         net = torch.compile(net)  # type: ignore[assignment]  # of a Module: an OptimizedModule, a Module
     # the average starts from the seeded initial weights (before any step)
-    ema = ModelEma(model, tcfg["ema_decay"]) if tcfg["ema_decay"] > 0 else None
+    ema = ModelEma(model, tcfg.ema_decay) if tcfg.ema_decay > 0 else None
     optimizer = build_optimizer(model, tcfg)
     # fp16 only (bf16 has fp32's range); on the run's device (a "cuda" scaler on a CPU run
     # disables itself and fp16 gradients would underflow unscaled)
@@ -121,19 +141,19 @@ def build_training(cfg: dict, cache, train_idx: np.ndarray, device: torch.device
     mean_shape = crop_to_input(cache.keypoints[train_idx].mean(0).astype(np.float64), cache_size, input_size)
     neighbours = torch.as_tensor(schema.neighbours(mean_shape), device=device)
     heatmap_model = hasattr(model, "forward_maps")
-    if tcfg["heatmap_lambda"] > 0 and not heatmap_model:
-        log.warning("%s regresses coordinates directly: train.heatmap_lambda ignored", mcfg["preset"])
+    if tcfg.heatmap_lambda > 0 and not heatmap_model:
+        log.warning("%s regresses coordinates directly: train.heatmap_lambda ignored", mcfg.preset)
     loss_fn = loss_from_params(tcfg, input_size, neighbours, heatmap_model)
 
     steps_per_epoch = math.ceil(math.ceil(len(train_idx) / world) / rank_batch)
-    state = StepState(0, steps_per_epoch * tcfg["epochs"],
-                      round(tcfg["warmup_epochs"] * steps_per_epoch), tcfg["lr"])
-    augment = TrainAugment(schema, cache_size, input_size, tcfg["scale_min"], tcfg["scale_max"],
-                           tcfg["flip"], tcfg["randaug_n"], tcfg["randaug_m"])
-    dataset = FaceDataset(cache.faces, cache.keypoints, train_idx, augment, mcfg["in_chans"])
-    sampler = EpochSampler(len(dataset), tcfg["seed"], rank=rank, world=world)
+    state = StepState(0, steps_per_epoch * tcfg.epochs,
+                      round(tcfg.warmup_epochs * steps_per_epoch), tcfg.lr)
+    augment = TrainAugment(schema, cache_size, input_size, tcfg.scale_min, tcfg.scale_max,
+                           tcfg.flip, tcfg.randaug_n, tcfg.randaug_m)
+    dataset = FaceDataset(cache.faces, cache.keypoints, train_idx, augment, mcfg.in_chans)
+    sampler = EpochSampler(len(dataset), tcfg.seed, rank=rank, world=world)
     return TrainSetup(cfg, device, amp, channels_last, model, net, optimizer, scaler, loss_fn, dataset, sampler,
-                      state, rank_batch, mean_shape, rank, world, ema)
+                      state, rank_batch, mean_shape, rank, world, ema, runtime)
 
 
 def make_epoch_loader(setup: TrainSetup, epoch: int):
@@ -143,12 +163,12 @@ def make_epoch_loader(setup: TrainSetup, epoch: int):
 
     Seeds torch's global RNG, which the augmentation draws from when train.num_workers is
     0 (in the loader's producer thread): nothing else may draw from it during the epoch."""
-    tcfg = setup.cfg["train"]
+    tcfg = setup.cfg.train
     # per rank too, or every DDP rank would draw the same augmentation sequence
-    epoch_seed = tcfg["seed"] * 1000 + epoch + 1_000_003 * setup.rank
+    epoch_seed = tcfg.seed * 1000 + epoch + 1_000_003 * setup.rank
     torch.manual_seed(epoch_seed)
     setup.sampler.set_epoch(epoch)
-    loader = make_loader(setup.dataset, setup.batch_size, setup.sampler, setup.device, tcfg["num_workers"],
+    loader = make_loader(setup.dataset, setup.batch_size, setup.sampler, setup.device, tcfg.num_workers,
                          drop_last=False, seed=epoch_seed)
     return DeviceLoader(loader, setup.device, setup.channels_last)
 
@@ -169,7 +189,7 @@ def checkpoint_meta(setup: TrainSetup, cache, fold: int) -> dict[str, Any]:
     """What every checkpoint of this run carries besides the weights and the step state."""
     # "crop": the geometry of the cache the model actually saw (params may name another
     # size than the cache on disk); standalone prediction must crop new faces the same way
-    return {"model_config": setup.model.config, "schema": cache.schema.to_dict(), "config": setup.cfg,
+    return {"model_config": setup.model.config, "schema": cache.schema.to_dict(), "config": setup.cfg.model_dump(),
             "crop": crop_stamp(cache.faces.shape[1], cache.info["expand"], cache.info.get("label_origin", 0.0)),
             "mean_shape": setup.mean_shape.tolist(), "fold": fold}
 

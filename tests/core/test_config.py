@@ -1,8 +1,9 @@
 
+import pydantic
 import pytest
 import yaml
 
-from pipeline.core.config import DEFAULTS, load_config, parse_override, write_resolved
+from pipeline.core.config import DEFAULTS, SECTIONS, load_config, parse_override, section_fields, write_resolved
 from pipeline.core.errors import PipelineError
 
 from conftest import REPO
@@ -11,36 +12,73 @@ from conftest import REPO
 def test_params_yaml_matches_defaults_except_data_dir():
     # params.yaml is the documented default run: it must not drift from the code defaults
     cfg = load_config(REPO / "params.yaml")
-    assert cfg["data"]["dir"] == "data/demo"
-    cfg["data"]["dir"] = None
-    assert cfg == DEFAULTS
+    assert cfg.data.dir == "data/demo"
+    assert cfg.model_copy(update={"data": cfg.data.model_copy(update={"dir": None})}) == DEFAULTS
+    # and it spells out every param (DVC reads the ones a stage lists from it)
+    assert set(flatten(yaml.safe_load((REPO / "params.yaml").read_text()))) == set(flatten(DEFAULTS.model_dump()))
+
+
+# what recipes/cpu.yaml said before recipes listed only what they change: the merged slim
+# recipe must still be exactly this run
+CPU_RECIPE_CHANGES = {
+    "data.dir": "../shared/data/ibug300w-mini", "data.label_origin": 1.0, "crop.side": 96, "model.input_size": 96,
+    "model.options": {"decoder_levels": 4}, "train.epochs": 96, "train.batch_size": 32, "train.optimizer": "sgd",
+    "train.lr": 0.8, "train.warmup_epochs": 3.0, "train.heatmap_sigma": 0.5, "predict.tta_jitter": 0.05,
+    "submit.name": "resunet-tiny-cpu"}
+
+
+def test_merged_cpu_recipe_is_the_full_recipe_it_replaced():
+    merged = flatten(load_config(REPO / "recipes" / "cpu.yaml").model_dump())
+    assert merged == {**flatten(DEFAULTS.model_dump()), **CPU_RECIPE_CHANGES}
+    assert all(type(merged[k]) is type(v) for k, v in CPU_RECIPE_CHANGES.items())
 
 
 @pytest.mark.parametrize("recipe", sorted((REPO / "recipes").glob("*.yaml")), ids=lambda p: p.name)
-def test_recipes_set_every_param(recipe):
-    # `make repro RECIPE=...` copies a recipe over params.yaml, and dvc.yaml names params
-    # that must then exist: a recipe carries every key, and loads
-    def keys(d, prefix=""):
-        return {prefix + k for k, v in d.items()} | {
-            kk for k, v in d.items() if isinstance(v, dict) and k != "options" for kk in keys(v, prefix + k + ".")}
+def test_recipes_load_and_merge_into_a_complete_params_file(recipe, tmp_path):
+    """`make repro RECIPE=...` writes the recipe merged over the defaults to params.yaml:
+    every key, the recipe's values, and it loads back to the same config."""
+    from pipeline.tools.params import merged_params_text
 
-    recipe_keys = keys(yaml.safe_load(recipe.read_text()))
-    assert recipe_keys == keys(DEFAULTS)
-    load_config(recipe)
+    cfg = load_config(recipe)
+    out = tmp_path / "params.yaml"
+    out.write_text(merged_params_text(recipe))
+    assert set(flatten(yaml.safe_load(out.read_text()))) == set(flatten(DEFAULTS.model_dump()))
+    assert load_config(out) == cfg
+
+
+def test_params_doc_is_current():
+    """docs/params.md is generated from the models: regenerate with `pipeline params --doc`."""
+    from pipeline.tools.params import params_doc
+
+    assert (REPO / "docs" / "params.md").read_text() == params_doc(), "run `pipeline params --doc`"
+
+
+def test_every_field_has_a_doc_and_speed_only_is_crop_n_jobs():
+    from pipeline.core.config import speed_only_keys
+
+    for s in SECTIONS:
+        for name, field in section_fields(s).items():
+            assert field.description, f"{s}.{name}"
+    assert speed_only_keys() == {"crop.n_jobs"}
+
+
+def test_resolved_params_leave_out_speed_only():
+    cfg = load_config(None, ["crop.n_jobs=5"])
+    assert "n_jobs" not in write_resolved_text(cfg, ["crop"])["crop"]
 
 
 def test_override_beats_file(tmp_path):
     p = tmp_path / "p.yaml"
     p.write_text("train:\n  lr: 0.5\n  epochs: 3\n")
     cfg = load_config(p, ["train.lr=0.1", "model.options={width: 0.5}"])
-    assert cfg["train"]["lr"] == 0.1 and cfg["train"]["epochs"] == 3
-    assert cfg["model"]["options"] == {"width": 0.5}
-    assert cfg["train"]["batch_size"] == DEFAULTS["train"]["batch_size"]
+    assert cfg.train.lr == 0.1 and cfg.train.epochs == 3
+    assert cfg.model.options == {"width": 0.5}
+    assert cfg.train.batch_size == DEFAULTS.train.batch_size
 
 
 def test_int_accepted_for_float_and_stored_as_float(tmp_path):
     cfg = load_config(None, ["train.lr=1"])
-    assert cfg["train"]["lr"] == 1.0 and isinstance(cfg["train"]["lr"], float)
+    assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -93,6 +131,7 @@ def test_write_resolved_only_named_sections(tmp_path):
     path = write_resolved(cfg, tmp_path, ["train"])
     data = yaml.safe_load(path.read_text())
     assert list(data) == ["train"] and data["train"]["epochs"] == 7
+    assert path.read_text() == yaml.safe_dump({"train": cfg.train.model_dump()}, sort_keys=False)
 
 
 @pytest.mark.parametrize("text, needle", [
@@ -144,11 +183,11 @@ def test_out_of_range_override_names_the_set(override, needle):
                                           ("yes", "on"), ("auto", "auto"), ("ON", "on")])
 def test_switches_accept_what_users_type(tmp_path, typed, want):
     cfg = load_config(None, [f"train.channels_last={typed}", f"train.amp={typed}"])
-    assert cfg["train"]["channels_last"] == want and cfg["train"]["amp"] == want
+    assert cfg.train.channels_last == want and cfg.train.amp == want
     p = tmp_path / "p.yaml"
     p.write_text(f"train:\n  channels_last: {typed}\n  amp: {typed}\n")
     cfg = load_config(p)
-    assert cfg["train"]["channels_last"] == want and cfg["train"]["amp"] == want
+    assert cfg.train.channels_last == want and cfg.train.amp == want
 
 
 def test_amp_on_means_enabled_where_it_can_run():
@@ -164,9 +203,7 @@ def test_amp_on_means_enabled_where_it_can_run():
 def test_no_param_named_size_or_nfiles():
     """DVC's run cache drops params named `size` or `nfiles` at any depth from its key
     (treeverse/dvc#10296): a change of one would re-use a stale result."""
-    from pipeline.core.config import DEFAULTS_FLAT
-
-    bad = [k for k in DEFAULTS_FLAT if k.split(".")[-1] in ("size", "nfiles")]
+    bad = [f"{s}.{k}" for s in SECTIONS for k in section_fields(s) if k in ("size", "nfiles")]
     assert not bad
     for path in [REPO / "params.yaml", *sorted((REPO / "recipes").glob("*.yaml"))]:
         def walk(d, prefix="", path=path):
@@ -184,21 +221,47 @@ def test_late_param_errors_name_the_set_or_the_file_read(tmp_path):
 
     cfg = load_config(None, ["train.lr=0.1", "data.schema=nosuch"])
     with pytest.raises(PipelineError, match=r"^--set data.schema=nosuch: data.schema: unknown schema"):
-        get_schema(cfg["data"])
+        get_schema(cfg.data)
     p = tmp_path / "other.yaml"
     p.write_text("data:\n  schema: nosuch\n")
     cfg = load_config(p, ["train.lr=0.1"])
     with pytest.raises(PipelineError, match=rf"^{p}: data.schema: unknown schema"):
-        get_schema(cfg["data"])
+        get_schema(cfg.data)
 
 
-def test_every_auto_on_off_param_is_a_switch(monkeypatch):
-    """A new switch (a string param defaulting to auto/on/off) accepts on/off too."""
-    import pipeline.core.config as config
+def test_every_auto_on_off_param_is_a_switch():
+    """Every field defaulting to auto/on/off accepts YAML's booleans as on/off; a string
+    field with other choices does not."""
+    from pipeline.core.config import is_switch
 
-    monkeypatch.setitem(config.DEFAULTS_FLAT, "predict.newswitch", "off")
-    monkeypatch.setitem(config.DEFAULTS["predict"], "newswitch", "off")
-    cfg = load_config(None, ["predict.newswitch=on"])
-    assert cfg["predict"]["newswitch"] == "on"
+    switches = [f"{s}.{k}" for s in SECTIONS for k, f in section_fields(s).items() if is_switch(f)]
+    assert {"train.amp", "train.channels_last", "predict.calibrate", "video.smooth"} <= set(switches)
+    for key in switches:
+        section, name = key.split(".")
+        assert getattr(getattr(load_config(None, [f"{key}=true"]), section), name) == "on", key
     with pytest.raises(PipelineError, match="'predict.tta' must be string, got True"):
         load_config(None, ["predict.tta=on"])  # none|flip is not a switch
+
+
+def test_config_is_frozen_and_typed():
+    cfg = load_config(None)
+    with pytest.raises(pydantic.ValidationError, match="frozen"):
+        cfg.train.lr = 0.5  # type: ignore[misc]
+    with pytest.raises(PipelineError, match="'model.in_chans' must be int, got True"):
+        load_config(None, ["model.in_chans=true"])
+    with pytest.raises(PipelineError, match="'crop.n_jobs' must be a nonzero integer"):
+        load_config(None, ["crop.n_jobs=0"])
+    with pytest.raises(PipelineError, match="'train.optimizer' must be adamw or sgd, got 'adam'"):
+        load_config(None, ["train.optimizer=adam"])
+
+
+def flatten(d):
+    return {k: v for s, sec in d.items() for k, v in ((f"{s}.{n}", x) for n, x in sec.items())}
+
+
+def write_resolved_text(cfg, sections):
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        return yaml.safe_load(write_resolved(cfg, Path(d), sections).read_text())

@@ -3,6 +3,7 @@
 import numpy as np
 import pytest
 
+from pipeline.core.config import DataParams
 from pipeline.core.errors import PipelineError
 from pipeline.keypoints.schema import IBUG68, NOSE1, KeypointSchema, get_schema, schema_from_dict
 
@@ -82,12 +83,12 @@ def test_neighbours_shape_and_no_self():
 
 
 def test_get_schema_and_round_trip():
-    assert get_schema({"schema": "ibug68"}) is IBUG68 and get_schema({"schema": "nose1"}) is NOSE1
+    assert get_schema(DataParams(schema="ibug68")) is IBUG68 and get_schema(DataParams(schema="nose1")) is NOSE1
     assert NOSE1.source_indices == (30,) and NOSE1.k == 1
     assert schema_from_dict(IBUG68.to_dict()) is IBUG68
-    c = get_schema({"schema": "custom", "custom_schema": {"names": ["l", "r", "m"], "flip": [1, 0, 2]}})
+    c = get_schema(DataParams(**{"schema": "custom", "custom_schema": {"names": ["l", "r", "m"], "flip": [1, 0, 2]}}))
     assert c.k == 3 and schema_from_dict(c.to_dict()).flip_perm == (1, 0, 2)
     with pytest.raises(PipelineError):
-        get_schema({"schema": "custom", "custom_schema": {"names": ["a", "b"], "flip": [1, 1]}})
+        get_schema(DataParams(**{"schema": "custom", "custom_schema": {"names": ["a", "b"], "flip": [1, 1]}}))
     with pytest.raises(PipelineError):
-        get_schema({"schema": "nope"})
+        get_schema(DataParams(schema="nope"))

@@ -86,6 +86,6 @@ def test_warp_fills_outside_and_keeps_identity():
 
 
 def test_tta_jitter_param_defaults_off_and_is_checked():
-    assert load_config(None)["predict"]["tta_jitter"] == 0.0
+    assert load_config(None).predict.tta_jitter == 0.0
     with pytest.raises(PipelineError, match="tta_jitter"):
         load_config(None, ["predict.tta_jitter=0.9"])

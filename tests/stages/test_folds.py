@@ -91,7 +91,7 @@ def test_real_layout_folds_keep_photos_and_mirrors_together(tmp_path):
     truth = json.loads((ds / "demo.json").read_text())["photos"]  # image -> photo it shows
     faces = load_xml(ds / "labels_ibug_300W_train.xml", IBUG68)
     meta = pd.DataFrame({"image": [f.image for f in faces]})
-    groups = group_faces(meta, DEFAULTS["folds"]["group_regex"])
+    groups = group_faces(meta, DEFAULTS.folds.group_regex)
     photo = meta["image"].map(truth)
     assert photo.notna().all()
     # groups == photos, one to one: nothing split, nothing lumped together

@@ -200,8 +200,8 @@ def test_submit_standalone_predicts_with_a_landmarker(tmp_path, monkeypatch, cap
                                  "--out", str(out), "--set", "predict.tta=none"], capsys)
     assert code == 0, err
     assert calls["xml"] == str(xml) and calls["ckpts"] == [str(a), str(b)]
-    assert calls["tta"] == "none" and calls["n_jobs"] == DEFAULTS["crop"]["n_jobs"] and calls["schema"].k == 68
-    assert calls["batch_size"] == DEFAULTS["predict"]["batch_size"]
+    assert calls["tta"] == "none" and calls["n_jobs"] == DEFAULTS.crop.n_jobs and calls["schema"].k == 68
+    assert calls["batch_size"] == DEFAULTS.predict.batch_size
     vals = read_submission(out)
     np.testing.assert_array_equal(vals, np.arange(3 * 68 * 2))
 

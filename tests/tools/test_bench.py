@@ -36,7 +36,7 @@ def tiny_checkpoint(tmp_path_factory):
     path = tmp_path_factory.mktemp("ckpt") / "tiny.pt"
     cfg = load_config(None, ["crop.side=32", "model.input_size=32"])
     save_checkpoint(path, {"model_config": model.config, "model": model.state_dict(), "schema": IBUG68.to_dict(),
-                           "epoch": 0, "config": cfg, "crop": {"size": 32, "expand": cfg["crop"]["expand"],
+                           "epoch": 0, "config": cfg.model_dump(), "crop": {"size": 32, "expand": cfg.crop.expand,
                                                                "label_origin": 0.0}})
     return path
 
@@ -132,7 +132,7 @@ def test_bench_train_runs_a_regression_preset_with_the_default_regulariser(tiny_
     from pipeline.tools.bench.training import bench_train
 
     cfg = load_config(None, [])
-    assert cfg["train"]["heatmap_lambda"] > 0
+    assert cfg.train.heatmap_lambda > 0
     res = bench_train(cfg, "resnet50-fc", tiny_workspace / "cache", steps=1, batch_size=4, input_size=32,
                       device=torch.device("cpu"), rounds=1, warmup=0)
     assert res
@@ -150,7 +150,7 @@ def test_bench_variants_are_rows_of_one_table(tmp_path, monkeypatch):
     real_bench = training.bench_train_variants
 
     def spy(cfgs, *args, **kwargs):
-        seen.extend((cfg["train"]["channels_last"], cfg["train"]["lr"]) for cfg in cfgs)
+        seen.extend((cfg.train.channels_last, cfg.train.lr) for cfg in cfgs)
         return real_bench(cfgs, *args, **kwargs)
 
     monkeypatch.chdir(tmp_path)
@@ -199,6 +199,7 @@ def test_bench_variant_model_options_build_the_variant_model(tmp_path, monkeypat
 def test_bench_times_each_variant_under_its_own_heap_policy(tiny_workspace, monkeypatch):
     # the heap policy is process-wide: a variant with train.keep_freed_memory=off must run
     # its timed steps with it off even though the variant before it turned it on
+    from pipeline.core import heap
     from pipeline.tools.bench import training
 
     applied = []
@@ -207,6 +208,6 @@ def test_bench_times_each_variant_under_its_own_heap_policy(tiny_workspace, monk
             load_config(None, ["train.keep_freed_memory=off", "train.batch_size=2"])]
     training.bench_train_variants(cfgs, "resunet-tiny", tiny_workspace / "cache", steps=1, batch_size=2,
                                   input_size=32, device=torch.device("cpu"), rounds=1, warmup=1)
-    on = training.use_keep_freed_memory("on")  # False where the C library is not glibc
+    on = heap.use_keep_freed_memory("on")  # False where the C library is not glibc
     # warm-up (synthetic, real) of each variant, then one round of (real, synthetic) each
     assert applied == [on, on, False, False, on, on, False, False]

@@ -13,7 +13,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from torchvision.transforms.v2 import InterpolationMode, functional as TF
+from torchvision.transforms.v2 import InterpolationMode
+from torchvision.transforms.v2 import functional as TF
 
 from pipeline.keypoints.geometry import crop_to_input, input_to_crop
 from pipeline.keypoints.schema import IBUG68, KeypointSchema
@@ -418,11 +419,11 @@ def test_zero_ops_and_validation():
 
 
 def test_from_config_uses_train_section():
-    from pipeline.core.config import DEFAULTS
-    cfg = {"model": dict(DEFAULTS["model"], input_size=64), "train": dict(DEFAULTS["train"], randaug_n=1, flip=0.0)}
+    from pipeline.core.config import DEFAULTS, load_config
+    cfg = load_config(None, ["model.input_size=64", "train.randaug_n=1", "train.flip=0.0"])
     aug = TrainAugment.from_config(IBUG68, 96, cfg)
     assert aug.input_size == 64 and aug.randaug.num_ops == 1 and aug.flip_p == 0.0
-    assert aug.randaug.magnitude == DEFAULTS["train"]["randaug_m"]
+    assert aug.randaug.magnitude == DEFAULTS.train.randaug_m
     out, kp = aug(torch.zeros(3, 96, 96, dtype=torch.uint8), torch.rand(68, 2) * 95, gen(0))
     assert out.shape == (3, 64, 64) and kp.shape == (68, 2)
 

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from pipeline.core.config import Config
 from pipeline.formats.annotations import crop_faces, load_xml, read_image, safe_image_path
 from pipeline.formats.submission import read_solution
 from pipeline.inference.landmarker import Landmarker
@@ -23,14 +24,14 @@ def _score(pred, truth, eyes) -> dict[str, float | None]:
     return {"mae": mae(pred, truth), "nme": nme(pred, truth, eyes) if eyes is not None else float("nan")}
 
 
-def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device: torch.device,
+def bench_accuracy(data_dir: Path, cfg: Config, checkpoints: Sequence[str], device: torch.device,
                    batch_size: int = 64, use_dlib: bool = True) -> dict[str, Any]:
-    dcfg = dict(cfg["data"], dir=str(data_dir))
+    dcfg = cfg.data.model_copy(update={"dir": str(data_dir)})
     schema = get_schema(dcfg)
-    train = load_xml(data_dir / dcfg["train_xml"], schema, require_parts=True)
-    test_xml = data_dir / dcfg["test_xml"]
+    train = load_xml(data_dir / dcfg.train_xml, schema, require_parts=True)
+    test_xml = data_dir / dcfg.test_xml
     test = load_xml(test_xml, schema, require_parts=False)
-    truth = read_solution(data_dir / dcfg["solution"]).reshape(len(test), schema.k, 2)
+    truth = read_solution(data_dir / dcfg.solution).reshape(len(test), schema.k, 2)
     test_boxes = np.array([f.box for f in test], dtype=np.float64)
     out: dict[str, Any] = {"data": str(data_dir), "n_test": len(test), "n_train": len(train)}
 
@@ -45,11 +46,11 @@ def bench_accuracy(data_dir: Path, cfg: dict, checkpoints: Sequence[str], device
     def crop(size: int, expand: float, n: int | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The test faces at a geometry, cropped once (not timed); the first n of them."""
         if (size, expand) not in crops_by:
-            crops_by[size, expand] = crop_faces(test, test_xml.parent, size, expand, cfg["crop"]["n_jobs"], test_xml)
+            crops_by[size, expand] = crop_faces(test, test_xml.parent, size, expand, cfg.crop.n_jobs, test_xml)
         crops, a = crops_by[size, expand]
         return crops[:n], a[:n]
 
-    tta = cfg["predict"]["tta"]
+    tta = cfg.predict.tta
     for path in checkpoints:
         res = {}
         for nt, tag in ((None, ""), (1, "_1thread")):

@@ -10,6 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
+from pipeline.core.config import Config
 from pipeline.formats.annotations import crop_faces, load_xml
 from pipeline.formats.checkpoint import checkpoint_crop
 from pipeline.formats.onnx_export import onnx_bytes
@@ -37,8 +38,8 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
     Every method runs `rounds` times in alternation for min_time / rounds seconds each and
     keeps its best round, so on a shared machine all of them see the same background load
     and the ratios to dlib hold even when the absolute figures do not."""
-    cfg = meta["model_config"]
-    size, chans, perm = int(cfg["input_size"]), int(cfg["in_chans"]), list(meta["schema"]["flip"])
+    model_config = meta["model_config"]
+    size, chans, perm = int(model_config["input_size"]), int(model_config["in_chans"]), list(meta["schema"]["flip"])
     if faces is None:
         faces = np.random.default_rng(0).integers(0, 256, (16, crop_size, crop_size, 3), dtype=np.uint8)
     out: dict[str, Any] = {"input_size": size, "crop_size": int(faces.shape[1]), "threads": 1,
@@ -59,7 +60,7 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
                 data = onnx_bytes(model, size, chans)
                 if name == "onnx-int8":
                     data = quantize_int8(data, network_inputs(faces, size, chans))
-                runner = OnnxModel(data, cfg, threads=1)
+                runner = OnnxModel(data, model_config, threads=1)
             for tta, p in (("plain", None), ("flip", perm)):
                 methods[f"{name}/{tta}"] = (lambda i, r=runner, p=p: predict_crops(
                     r, faces[i:i + 1], input_size=size, in_chans=chans, flip_perm=p, batch_size=1, device=cpu))
@@ -89,11 +90,11 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
     return out
 
 
-def sample_test_crops(data_dir: Path | None, cfg: dict, meta: dict, n: int = 32) -> np.ndarray | None:
+def sample_test_crops(data_dir: Path | None, cfg: Config, meta: dict, n: int = 32) -> np.ndarray | None:
     """Up to n test faces of the data set, cropped at the model's crop geometry (None: no data)."""
-    if data_dir is None or not (data_dir / cfg["data"]["test_xml"]).exists():
+    if data_dir is None or not (data_dir / cfg.data.test_xml).exists():
         return None
-    xml = data_dir / cfg["data"]["test_xml"]
-    faces = load_xml(xml, get_schema(dict(cfg["data"], dir=str(data_dir))), require_parts=False)[:n]
+    xml = data_dir / cfg.data.test_xml
+    faces = load_xml(xml, get_schema(cfg.data), require_parts=False)[:n]
     size, expand = checkpoint_crop(meta)
     return crop_faces(faces, data_dir, size, expand, 1, xml)[0]

@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import click
 import torch
 
-from pipeline.core.config import config_options, with_overrides
+from pipeline.core.config import Config, config_options, with_overrides
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, write_json
@@ -59,7 +59,7 @@ def resolve_data_dir(data: str | None) -> Path | None:
     return None
 
 
-def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | None, input_size: int | None,
+def run_bench(cfg: Config, presets: Sequence[str], steps: int, batch_size: int | None, input_size: int | None,
               data: str | None, checkpoints: Sequence[str], device_name: str, cache: str | None = None,
               infer_batch: int = 64, rounds: int = 2, min_time: float = 1.0, matmul_n: int = 2048,
               use_dlib: bool = True, accuracy: bool = True, detectors: bool = True,
@@ -69,7 +69,7 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
     variant (a list of key=value overrides), each a row named '<preset> <overrides>', the
     variants of a preset timed in interleaved rounds."""
     device = resolve_device(device_name)
-    mcfg = cfg["model"]
+    mcfg = cfg.model
     res: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
                            "note": "timings on a shared machine are noisy; compare ratios within one run"}
     if device.type == "cuda":
@@ -89,10 +89,10 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
     def size_for(preset: str) -> int:
         if input_size:
             return input_size
-        return mcfg["input_size"] if preset == mcfg["preset"] else default_input_size(preset)
+        return mcfg.input_size if preset == mcfg.preset else default_input_size(preset)
 
     def options_for(preset: str) -> dict:
-        return dict(mcfg["options"]) if preset == mcfg["preset"] else {}
+        return dict(mcfg.options) if preset == mcfg.preset else {}
 
     with tempfile.TemporaryDirectory(prefix="bench-") as tmp:
         res["train"] = {}
@@ -107,16 +107,16 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
             names = [" ".join([preset, *variant]) for variant in [(), *variants]]
             log.info("train %s at %d px ...", ", ".join(names), size)
             rows = bench_train_variants([with_overrides(cfg, v) for v in [(), *variants]], preset, cache_dir, steps,
-                                        batch_size or cfg["train"]["batch_size"], size, device, rounds=rounds,
+                                        batch_size or cfg.train.batch_size, size, device, rounds=rounds,
                                         options=options_for(preset))
             for name, tr in zip(names, rows):
                 res["train"][name] = _efficiency(tr, peak)
 
-    schema = get_schema(cfg["data"])
+    schema = get_schema(cfg.data)
     res["infer"] = {}
     for preset in presets:
         log.info("inference %s ...", preset)
-        res["infer"][preset] = bench_infer(preset, schema.k, schema.flip_perm, size_for(preset), mcfg["in_chans"],
+        res["infer"][preset] = bench_infer(preset, schema.k, schema.flip_perm, size_for(preset), mcfg.in_chans,
                                            device, infer_batch, min_time, options_for(preset))
 
     # one face at a time on one core: the first .pt checkpoint, else the first preset untrained
@@ -127,11 +127,11 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
         res["batch1_model"] = str(pts[0])
     else:
         torch.manual_seed(0)
-        model = create_model(presets[0], schema.k, in_chans=mcfg["in_chans"], input_size=size_for(presets[0]),
+        model = create_model(presets[0], schema.k, in_chans=mcfg.in_chans, input_size=size_for(presets[0]),
                              **options_for(presets[0]))
-        crop_size = cfg["crop"]["side"]
+        crop_size = cfg.crop.side
         meta = {"model_config": model.config, "schema": schema.to_dict(),
-                "crop": crop_stamp(crop_size, cfg["crop"]["expand"], cfg["data"]["label_origin"])}
+                "crop": crop_stamp(crop_size, cfg.crop.expand, cfg.data.label_origin)}
         res["batch1_model"] = f"{presets[0]} (untrained)"
     log.info("batch 1, one core: %s ...", res["batch1_model"])
     res["batch1"] = bench_batch1(model, meta, crop_size, max(min_time, 0.01) * 3, use_dlib=use_dlib,
@@ -146,23 +146,23 @@ def run_bench(cfg: dict, presets: Sequence[str], steps: int, batch_size: int | N
     for preset in batch1_presets:
         torch.manual_seed(0)
         size = size_for(preset)
-        model = create_model(preset, schema.k, in_chans=mcfg["in_chans"], input_size=size, **options_for(preset))
+        model = create_model(preset, schema.k, in_chans=mcfg.in_chans, input_size=size, **options_for(preset))
         meta = {"model_config": model.config, "schema": schema.to_dict(),
-                "crop": crop_stamp(size, cfg["crop"]["expand"], cfg["data"]["label_origin"])}
+                "crop": crop_stamp(size, cfg.crop.expand, cfg.data.label_origin)}
         log.info("batch 1, one core: %s (untrained, %d px) ...", preset, size)
         res["batch1_presets"][preset] = bench_batch1(
             model, meta, size, max(min_time, 0.01) * 3, use_dlib=use_dlib, expand=checkpoint_crop(meta)[1],
             faces=sample_test_crops(resolve_data_dir(data) if accuracy else None, cfg, meta))
 
     data_dir = resolve_data_dir(data) if (accuracy or detectors) else None
-    if accuracy and data_dir is not None and (data_dir / cfg["data"]["solution"]).exists():
+    if accuracy and data_dir is not None and (data_dir / cfg.data.solution).exists():
         log.info("accuracy on %s ...", data_dir)
         res["accuracy"] = bench_accuracy(data_dir, cfg, checkpoints, device, use_dlib=use_dlib)
     else:
         if checkpoints and accuracy:
             raise PipelineError(data or DEFAULT_DATA, "checkpoints given but no data set with a solution.csv")
         res["accuracy"] = {"skipped": "no data set with a solution (--data DIR)" if accuracy else "--no-accuracy"}
-    if detectors and data_dir is not None and (data_dir / cfg["data"]["test_xml"]).exists():
+    if detectors and data_dir is not None and (data_dir / cfg.data.test_xml).exists():
         res["detectors"] = bench_detectors(data_dir, cfg)
     else:
         res["detectors"] = {"skipped": "no data set with a test XML (--data DIR)" if detectors else "--no-detectors"}
@@ -216,7 +216,7 @@ def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache
               batch1_presets, out_path, cfg):
     """Training and inference speed, compute efficiency and accuracy in one run."""
     check_output(out_path)
-    names = _csv(presets) or [cfg["model"]["preset"]]
+    names = _csv(presets) or [cfg.model.preset]
     more = _csv(batch1_presets)
     unknown = [n for n in [*names, *more] if n not in list_presets()]
     if unknown:

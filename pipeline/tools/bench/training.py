@@ -12,9 +12,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.core.config import load_config
+from pipeline.core.config import Config, load_config
 from pipeline.core.errors import PipelineError
-from pipeline.core.heap import keep_freed_memory, use_keep_freed_memory
+from pipeline.core.heap import keep_freed_memory
 from pipeline.formats.cache import load_cache
 from pipeline.keypoints.preprocess import normalize_batch
 from pipeline.models import model_flops
@@ -84,7 +84,7 @@ def demo_cache(workdir: Path, size: int, n_train: int = 320, n_test: int = 16) -
     return workdir / "cache"
 
 
-def bench_train(cfg: dict, preset: str, cache_dir: Path, steps: int, batch_size: int, input_size: int,
+def bench_train(cfg: Config, preset: str, cache_dir: Path, steps: int, batch_size: int, input_size: int,
                 device: torch.device, rounds: int = 2, warmup: int = 2, options: dict | None = None) -> dict[str, float]:
     """images/s of training steps through the real data path and on a synthetic batch, both
     on the setup `pipeline train` builds (training/setup.py `build_training`, training/loop.py `train_steps`) for
@@ -96,13 +96,13 @@ def bench_train(cfg: dict, preset: str, cache_dir: Path, steps: int, batch_size:
 class _Variant:
     """One config's training setup and its two feeds, timed round after round."""
 
-    def __init__(self, cfg: dict, cache, bs: int, input_size: int, device: torch.device):
+    def __init__(self, cfg: Config, cache, bs: int, input_size: int, device: torch.device):
         self.cfg, self.device = cfg, device
         self.setup = build_training(cfg, cache, np.arange(len(cache)), device)
         # constant, low lr: the schedule does not change the cost of a step, and random
         # synthetic targets must not make the loss diverge
-        self.setup.state = StepState(0, 10 ** 9, 0, cfg["train"]["lr"] * 0.1)
-        in_chans, k = cfg["model"]["in_chans"], cache.schema.k
+        self.setup.state = StepState(0, 10 ** 9, 0, cfg.train.lr * 0.1)
+        in_chans, k = cfg.model.in_chans, cache.schema.k
         g = torch.Generator().manual_seed(0)
         images = torch.randint(0, 256, (bs, in_chans, input_size, input_size), dtype=torch.uint8, generator=g)
         target = torch.rand(bs, k, 2, generator=g) * (input_size - 1)
@@ -116,7 +116,7 @@ class _Variant:
         """(images/s, share of the time waiting for data, seconds) of n steps."""
         take = _Steps(feed, n)
         # the heap policy is process-wide: each variant runs under its own
-        keep_freed_memory(use_keep_freed_memory(self.cfg["train"]["keep_freed_memory"]))
+        keep_freed_memory(self.setup.runtime.keep_freed_memory)
         sync(self.device)
         t0 = time.perf_counter()
         train_steps(self.setup, take, progress=False)
@@ -125,7 +125,7 @@ class _Variant:
         return take.images / elapsed, take.wait_s / elapsed, elapsed
 
 
-def bench_train_variants(cfgs: list[dict], preset: str, cache_dir: Path, steps: int, batch_size: int,
+def bench_train_variants(cfgs: list[Config], preset: str, cache_dir: Path, steps: int, batch_size: int,
                          input_size: int, device: torch.device, rounds: int = 2, warmup: int = 2,
                          options: dict | None = None) -> list[dict[str, float]]:
     """`bench_train` of several configs (e.g. train.channels_last on and off), timed in
@@ -136,12 +136,13 @@ def bench_train_variants(cfgs: list[dict], preset: str, cache_dir: Path, steps: 
         raise PipelineError(Path(cache_dir) / "train", "bench needs a labelled training cache")
     bs = min(batch_size, len(cache))
     variants = []
-    base_options = cfgs[0]["model"].get("options") or {}
+    base_options = cfgs[0].model.options
     for cfg in cfgs:
         # a variant's own model.options (e.g. decoder_levels=4) apply on top of the preset's
-        own = {k: v for k, v in (cfg["model"].get("options") or {}).items() if base_options.get(k) != v}
-        cfg = {**cfg, "model": {**cfg["model"], "preset": preset, "input_size": input_size,
-                                "options": {**(options or {}), **own}}, "train": {**cfg["train"], "batch_size": bs}}
+        own = {k: v for k, v in cfg.model.options.items() if base_options.get(k) != v}
+        model = cfg.model.model_copy(update={"preset": preset, "input_size": input_size,
+                                             "options": {**(options or {}), **own}})
+        cfg = cfg.model_copy(update={"model": model, "train": cfg.train.model_copy(update={"batch_size": bs})})
         v = _Variant(cfg, cache, bs, input_size, device)
         # the first steps carry the one-off costs (train.compile's compilation, oneDNN's
         # primitive creation): warmup_s is their time beyond `warmup` steps at the best pace
@@ -156,11 +157,11 @@ def bench_train_variants(cfgs: list[dict], preset: str, cache_dir: Path, steps: 
     for v in variants:
         best_real, wait_frac, _ = max(v.real)
         best_syn = max(v.synth)[0]
-        in_chans = v.cfg["model"]["in_chans"]
+        in_chans = v.cfg.model.in_chans
         flops = 3.0 * model_flops(v.setup.model, input_size, in_chans)
         out.append({"images_per_s_real": best_real, "images_per_s_synthetic": best_syn,
                     "data_overhead": 1.0 - best_real / best_syn, "ratio_real_synthetic": best_real / best_syn,
                     "data_wait_frac_real": wait_frac, "train_flops_per_image": flops, "batch_size": bs,
-                    "input_size": input_size, "steps": steps, "num_workers": v.cfg["train"]["num_workers"],
+                    "input_size": input_size, "steps": steps, "num_workers": v.cfg.train.num_workers,
                     "warmup_s": max(0.0, v.first_s - warmup * bs / best_syn)})
     return out

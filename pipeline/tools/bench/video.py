@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from pipeline.core.config import Config
 from pipeline.core.errors import PipelineError
 from pipeline.detection.detectors import get_detector
 from pipeline.inference.landmarker import Landmarker
@@ -15,17 +16,17 @@ from pipeline.inference.predictor import prepare_torch
 from pipeline.tools.video import measure_smoothing
 
 
-def bench_video(model, meta: dict, cfg: dict, n_frames: int = 60) -> dict[str, Any]:
+def bench_video(model, meta: dict, cfg: Config, n_frames: int = 60) -> dict[str, Any]:
     """`pipeline bench`'s video section: `measure_smoothing` with the torch backend on the CPU,
     the installed detector (video.detector) and the params' One Euro filter."""
 
     try:
-        det = get_detector(cfg["video"]["detector"])
+        det = get_detector(cfg.video.detector)
     except PipelineError as e:
         return {"skipped": e.problem}
     with tempfile.TemporaryDirectory(prefix="bench-video-") as d:
-        landmarker = Landmarker([(prepare_torch(model), meta)], tta=cfg["predict"]["tta"], device=torch.device("cpu"))
-        res = measure_smoothing(landmarker, cfg["video"], d, n_frames)
+        landmarker = Landmarker([(prepare_torch(model), meta)], tta=cfg.predict.tta, device=torch.device("cpu"))
+        res = measure_smoothing(landmarker, cfg.video, d, n_frames)
     res["detector"] = det.description
     return res
 
