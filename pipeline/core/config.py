@@ -15,11 +15,11 @@ import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Literal, Optional
+from typing import Any, Iterable, Literal, Optional, get_args, get_origin
 
 import click
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator, model_validator
 from pydantic.fields import FieldInfo
 
 from pipeline.core.errors import PipelineError
@@ -47,7 +47,8 @@ def param(default: Any, doc: str, *, speed_only: bool = False, runtime: bool = F
           must: str | None = None, **constraints: Any) -> Any:
     """A field: its default, one-line doc, range (ge/gt/le/lt) and what it may change.
     `must` words the requirement in errors when the range alone cannot (a regex, a list)."""
-    extra = {k: v for k, v in ((SPEED_ONLY_MARK, speed_only), (RUNTIME_MARK, runtime), ("must", must)) if v}
+    extra: dict[str, JsonValue] = {k: v for k, v in ((SPEED_ONLY_MARK, speed_only), (RUNTIME_MARK, runtime),
+                                                     ("must", must)) if v}
     return Field(default, description=doc, json_schema_extra=extra or None, **constraints)
 
 
@@ -106,7 +107,7 @@ with warnings.catch_warnings():  # `schema` shadows BaseModel's deprecated class
         train_xml: str = param("labels_ibug_300W_train.xml", "training annotations, relative to data.dir")
         test_xml: str = param("labels_ibug_300W_test_parsed.xml", "test annotations, relative to data.dir")
         solution: str = param("solution.csv", "truth of the test set, relative to data.dir; scored when present")
-        schema: str = param("ibug68", "keypoint layout: ibug68 | nose1 | custom")
+        schema: str = param("ibug68", "keypoint layout: ibug68 | nose1 | custom")  # type: ignore[assignment]  # shadows BaseModel.schema on purpose
         custom_schema: Optional[dict[str, Any]] = param(None, "with schema: custom -> {names, flip, eyes}")
         # coordinate of the first pixel's centre in the labels: 0 = dlib / OpenCV, 1 = the
         # 1-based Matlab convention of the 300-W .pts files. Internally pixel centres sit at
@@ -316,7 +317,8 @@ SECTIONS: tuple[str, ...] = tuple(Config.model_fields)
 
 
 def section_fields(section: str) -> dict[str, FieldInfo]:
-    return Config.model_fields[section].annotation.model_fields
+    model: type[BaseModel] = Config.model_fields[section].annotation  # type: ignore[assignment]  # every section is a Section
+    return model.model_fields
 
 
 DEFAULTS = Config()
@@ -349,7 +351,7 @@ def type_name(field: FieldInfo) -> str:
 
 def _choices(field: FieldInfo) -> tuple | None:
     ann = field.annotation
-    return ann.__args__ if getattr(ann, "__origin__", None) is Literal else None
+    return get_args(ann) if get_origin(ann) is Literal else None
 
 
 def _bounds(field: FieldInfo) -> dict[str, float]:

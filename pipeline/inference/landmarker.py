@@ -207,16 +207,16 @@ class Landmarker:
                       boxes_list: Sequence[np.ndarray] | None = None, max_faces: int = 0) -> list[np.ndarray]:
         """`predict` for several photos at once: the faces of all go through each model in
         batches of batch_size. Returns one (M_i, K, 2) array per photo."""
-        images = [read_image(im) if isinstance(im, (str, os.PathLike)) else np.asarray(im) for im in images]
+        photos = [read_image(im) if isinstance(im, (str, os.PathLike)) else np.asarray(im) for im in images]
         if boxes_list is None:
-            boxes_list = [self.detect(im, max_faces)[0] for im in images]
-        if len(boxes_list) != len(images):
-            raise PipelineError(None, f"{len(images)} images but {len(boxes_list)} box arrays")
+            boxes_list = [self.detect(im, max_faces)[0] for im in photos]
+        if len(boxes_list) != len(photos):
+            raise PipelineError(None, f"{len(photos)} images but {len(boxes_list)} box arrays")
         boxes_list = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes_list]
         counts = [len(b) for b in boxes_list]
         if not sum(counts):
-            return [np.zeros((0, self.schema.k, 2)) for _ in images]
-        photo_of = [im for im, boxes in zip(images, boxes_list) for _ in boxes]  # the photo of every face
+            return [np.zeros((0, self.schema.k, 2)) for _ in photos]
+        photo_of = [im for im, boxes in zip(photos, boxes_list) for _ in boxes]  # the photo of every face
         all_boxes = [b for boxes in boxes_list for b in boxes]
 
         def crop(size: int, expand: float) -> tuple[np.ndarray, np.ndarray]:

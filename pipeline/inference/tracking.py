@@ -75,7 +75,7 @@ def measure_points_to_box(xml_path: str | os.PathLike) -> dict:
     / keypoint x extent, box height / y extent, and the box centre's offset from the
     extent's centre in extents."""
     faces = load_xml(xml_path, IBUG68, require_parts=True)
-    kp = np.stack([f.keypoints for f in faces])
+    kp = np.stack([f.keypoints for f in faces])  # type: ignore[misc]  # require_parts=True: all have keypoints
     box = np.array([f.box for f in faces], dtype=np.float64)
     lo, hi = kp.min(axis=1), kp.max(axis=1)
     ext = np.maximum(hi - lo, 1e-9)
@@ -219,9 +219,10 @@ class FaceTracker:
     def _drop_duplicates(self) -> None:
         if len(self.active) < 2:
             return
-        boxes = points_to_box(np.stack([t.points for t in self.active]), self.c)
+        # step() has predicted the points of every active track
+        boxes = points_to_box(np.stack([t.points for t in self.active]), self.c)  # type: ignore[misc]
         m = overlap_of_smaller(boxes, boxes)
-        keep = []
+        keep: list[int] = []
         for i, t in enumerate(self.active):  # oldest first: a later track that overlaps an earlier one goes
             if any(m[i, j] >= SAME_FACE_OVERLAP for j in keep):
                 self._close(t, "duplicate of another track")

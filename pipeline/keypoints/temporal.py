@@ -19,7 +19,7 @@ def _eye_distance(points: np.ndarray, eyes: tuple[int, int]) -> np.ndarray:
 
 def track_runs(frame: np.ndarray, face: np.ndarray) -> list[np.ndarray]:
     """Row indices of each run of consecutive frames of one face id, in frame order."""
-    runs = []
+    runs: list[np.ndarray] = []
     for fid in np.unique(face):
         rows = np.flatnonzero(face == fid)
         breaks = np.flatnonzero(np.diff(frame[rows]) != 1) + 1

@@ -68,7 +68,8 @@ def calibration_mismatch(test_npz: Path, predict_cfg: PredictParams, checkpoints
     if [str(n) for n in z["keypoint_names"]] != list(schema.names):
         return f"its keypoints are not those of schema '{schema.name}'"
     folds = sorted(int(f) for f in z["folds"].reshape(-1))
-    ours = sorted(_fold_of(c, m) for c, m in zip(checkpoints, metas) if _fold_of(c, m) is not None)
+    found = [_fold_of(c, m) for c, m in zip(checkpoints, metas)]
+    ours = sorted(f for f in found if f is not None)
     if len(ours) != len(checkpoints) or ours != folds:
         return f"made with fold(s) {folds}, not the checkpoints' {ours or 'unknown folds'}"
     want_kind = "tta" if predict_cfg.tta == "flip" else "plain"

@@ -177,7 +177,7 @@ def check_setup(ctx: Context) -> dict[str, Any]:
     _require(not layouts or all(layouts), f"{layouts.count(False)} of {len(layouts)} BlurPool outputs not channels_last")
 
     faces = cache.faces[:ctx.size["batch"]]
-    kw = {"input_size": cfg.model.input_size, "in_chans": cfg.model.in_chans, "flip_perm": None,
+    kw: dict[str, Any] = {"input_size": cfg.model.input_size, "in_chans": cfg.model.in_chans, "flip_perm": None,
           "batch_size": len(faces), "device": ctx.device, "channels_last": True}
     fp32 = predict_crops(setup.model, faces, amp=None, **kw)["plain"]
     amp = predict_crops(setup.model, faces, amp=setup.amp, **kw)["plain"]

@@ -82,6 +82,7 @@ def params_doc(cfg: Config = DEFAULTS) -> str:
 def params_cmd(recipe, out_path, doc):
     """The complete params file of a recipe (`make repro RECIPE=...` writes it to
     params.yaml), or with --doc the params reference docs/params.md."""
+    out: Path | None
     if doc:
         out = Path(out_path or DOC_PATH)
         text = params_doc()

@@ -11,7 +11,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 import click
 import cv2
@@ -80,8 +80,8 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
                           retry_every=vcfg.retry_every, smoother=smoother)
     rows: dict[str, list] = {"frame": [], "time": [], "face": [], "raw": [], "smoothed": [], "side": [], "box": []}
     writer = AtomicVideoWriter(out_mp4, fps) if out_mp4 is not None else None
-    kept: dict[int, tuple[np.ndarray, np.ndarray]] = {}
-    keep = set(keep)
+    kept: dict[int, tuple[np.ndarray, ...]] = {}  # frame -> (raw, smoothed)
+    keep_frames = set(keep)
     track_rows: dict[int, list[int]] = {}  # face id -> its rows, in frame order (open tracks)
     done: dict[int, int] = {}  # face id -> how many of its rows are smoothed
     pending: list[tuple[int, np.ndarray, list[int]]] = []  # frames not yet drawn: (index, image, rows)
@@ -105,7 +105,7 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
             if writer is not None:
                 writer.write(draw_frame(image, [(rows["face"][r], rows["box"][r],
                                                  rows["smoothed"][r] if smooth else rows["raw"][r]) for r in rs], schema))
-            if j in keep:
+            if j in keep_frames:
                 kept[j] = tuple(_face_tile(draw_frame(image, [(rows["face"][r], rows["box"][r], rows[a][r]) for r in rs],
                                                       schema), rows["box"][rs[0]] if rs else None)
                                 for a in ("raw", "smoothed"))
@@ -115,7 +115,7 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
     spent_on: list[float] = []  # seconds per frame, end to end (decode of the next frame included)
     last = t0
     try:
-        frames = frames_of(cap)
+        frames: Iterable[np.ndarray] = frames_of(cap)
         if progress:
             frames = tqdm(frames, total=declared or None, desc="predict-video", unit="frame")
         for i, frame in enumerate(frames):
