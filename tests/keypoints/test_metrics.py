@@ -48,11 +48,12 @@ def test_nme_leaves_out_faces_without_an_eye_distance_and_refuses_when_none_has_
 
 
 def test_a_schema_whose_eyes_are_one_point_is_a_param_error():
+    from pipeline.core.config import DataParams
     from pipeline.core.errors import PipelineError
     from pipeline.keypoints.schema import get_schema
 
     with pytest.raises(PipelineError) as e:
-        get_schema({"schema": "custom", "custom_schema": {"names": ["a", "b", "c"], "eyes": [1, 1]}})
+        get_schema(DataParams(schema="custom", custom_schema={"names": ["a", "b", "c"], "eyes": [1, 1]}))
     assert "eyes must be two different keypoints" in str(e.value) and "\n" not in str(e.value)
 
 

@@ -182,7 +182,7 @@ def test_submit_xml_writes_the_stage_csv_byte_for_byte(tiny_workspace, trained, 
     assert bool(np.load(root / "predictions" / "test.npz")["calibrated"]) == (calibrate == "on")
     main(["submit", "--predictions", str(root / "predictions" / "test.npz"), "--cache", str(ws / "cache"),
           "--out", str(root / "stage.csv")] + over)
-    xml = demo_dir / load_config(None)["data"]["test_xml"]
+    xml = demo_dir / load_config(None).data.test_xml
     code, _, err = run_cli(["submit", "--xml", xml, "--checkpoints", *ckpts, "--out", root / "xml.csv"] + over, capsys)
     assert code == 0, err
     assert (root / "xml.csv").read_bytes() == (root / "stage.csv").read_bytes()
