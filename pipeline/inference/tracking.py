@@ -160,12 +160,12 @@ class FaceTracker:
         matched = {ti for ti, _, _ in pairs}
         # The same face at another scale (IoU below match_iou, half of the smaller box inside
         # the other) also continues its track: unmatched, the track would count a miss and
-        # close while this very detection started a new id for the same face. The track
-        # keeps its own box (the detector's is at another scale); a lost one takes it.
+        # close while this very detection started a new id for the same face. Its box
+        # follows the same rule as an IoU match.
         for ti, di in self._same_face_pairs(boxes, matched, used):
             t = self.active[ti]
             t.missed = 0
-            if t.lost:
+            if t.lost or iou(t.box[None], boxes[di][None])[0, 0] < REANCHOR_IOU:
                 t.box, t.detected, t.lost = boxes[di].copy(), True, False
             matched.add(ti)
             used.add(di)

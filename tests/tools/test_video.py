@@ -92,7 +92,7 @@ def test_predict_video_smooth_off_writes_raw_points(tiny_model, videos, tmp_path
                 "--csv", tmp_path / "off.csv", "--smooth", "off", *HAAR]) == 0
     vcfg = load_config(None, HAAR[1::2]).video
     res = track_video(src, Landmarker.from_checkpoints([tiny_model], device="cpu"), vcfg, progress=False)
-    np.testing.assert_allclose(read_video_csv(tmp_path / "off.csv").points, res["raw"], atol=5e-4)
+    np.testing.assert_allclose(read_video_csv(tmp_path / "off.csv")["points"], res["raw"], atol=5e-4)
 
 
 def test_open_video_missing_or_folder_is_one_line(tmp_path):
@@ -153,7 +153,7 @@ def test_predict_image_on_a_folder_skips_the_unreadable_file(tiny_model, videos,
     warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
     assert sum("broken.jpg" in m for m in warned) == 1 and not any("notes.txt" in m for m in warned)
     rows = (out / "keypoints.csv").read_text().splitlines()
-    faces = sum(json.loads((out / f"{s}_keypoints.json").read_text()).n_faces for s in "ab")
+    faces = sum(json.loads((out / f"{s}_keypoints.json").read_text())["n_faces"] for s in "ab")
     assert faces >= 2 and len(rows) == 1 + faces
     assert {r.split(",")[0] for r in rows[1:]} == {str(folder / "a.png"), str(folder / "b.jpg")}
     # a glob that matches only the broken file, and a folder of broken files: exit 2
@@ -174,3 +174,5 @@ def test_video_stats_writes_one_row_per_clip(tiny_model, videos, tmp_path):
     assert rows[0].startswith("clip,frames,tracks,id_switches,extra_face_frames") and len(rows) == 3
     cells = dict(zip(rows[0].split(","), rows[1].split(",")))
     assert cells["frames"] == "12" and cells["tracks"] == "1" and float(cells["lag_delay_frames"]) == 0
+    assert rows[0].endswith(",lag_offset_pct,lag_delay_frames,lag_along_motion_pct")
+    assert np.isfinite(float(cells["lag_along_motion_pct"]))  # 12 frames: the +-5-frame baseline fits
