@@ -19,6 +19,7 @@ detector runs a second, never one per frame.
 
 One face gives one track: a detection that overlaps a track (IoU >= match_iou, or half of
 the smaller box inside the other: the detector firing on the same face at another scale)
+continues that track (it counts as found, so the track is not closed as undetected) and
 never starts a second one, and of two tracks whose keypoint boxes overlap that way the
 younger is closed."""
 
@@ -157,6 +158,17 @@ class FaceTracker:
             if t.lost or overlap < REANCHOR_IOU:
                 t.box, t.detected, t.lost = boxes[di].copy(), True, False
         matched = {ti for ti, _, _ in pairs}
+        # The same face at another scale (IoU below match_iou, half of the smaller box inside
+        # the other) also continues its track: unmatched, the track would count a miss and
+        # close while this very detection started a new id for the same face. Its box
+        # follows the same rule as an IoU match.
+        for ti, di in self._same_face_pairs(boxes, matched, used):
+            t = self.active[ti]
+            t.missed = 0
+            if t.lost or iou(t.box[None], boxes[di][None])[0, 0] < REANCHOR_IOU:
+                t.box, t.detected, t.lost = boxes[di].copy(), True, False
+            matched.add(ti)
+            used.add(di)
         keep = []
         for i, t in enumerate(self.active):
             if i not in matched:
@@ -176,6 +188,26 @@ class FaceTracker:
             if len(taken) and overlap_of_smaller(boxes[di], taken).max() >= SAME_FACE_OVERLAP:
                 continue  # a face already tracked, found again (at another scale, or a part of it)
             self.active.append(self._new_track(index, boxes[di]))
+
+    def _same_face_pairs(self, boxes: np.ndarray, matched: set[int], used: set[int]) -> list[tuple[int, int]]:
+        """Greedy one-to-one pairs (track, detection) among the unmatched ones whose boxes are
+        one face (overlap of the smaller >= SAME_FACE_OVERLAP), highest overlap first."""
+        free_t = [i for i in range(len(self.active)) if i not in matched]
+        free_d = [d for d in range(len(boxes)) if d not in used]
+        if not free_t or not free_d:
+            return []
+        m = overlap_of_smaller(np.stack([self.active[i].box for i in free_t]), boxes[free_d])  # (T, D)
+        pairs: list[tuple[int, int]] = []
+        taken_t, taken_d = set(), set()
+        for flat in np.argsort(-m, axis=None, kind="stable"):
+            a, b = (int(v) for v in np.unravel_index(flat, m.shape))
+            if m[a, b] < SAME_FACE_OVERLAP:
+                break
+            if a not in taken_t and b not in taken_d:
+                taken_t.add(a)
+                taken_d.add(b)
+                pairs.append((free_t[a], free_d[b]))
+        return pairs
 
     def step(self, index: int, t: float, image: np.ndarray) -> list[Track]:
         """One frame: each track's box from its last keypoints; the detector when due, or

@@ -30,7 +30,13 @@ from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.tracking import FaceTracker, box_constants
 from pipeline.keypoints.draw import contact_sheet, draw_faces, put_label
 from pipeline.keypoints.smoothing import OneEuroFilter, local_poly_at
-from pipeline.keypoints.temporal import lag, per_second_rate, second_difference_jitter, track_summary
+from pipeline.keypoints.temporal import (
+    lag,
+    lag_along_motion,
+    per_second_rate,
+    second_difference_jitter,
+    track_summary,
+)
 from pipeline.synth.moving_face import TEST_PHOTO, make_test_video
 from pipeline.tools.viz import face_tile
 
@@ -211,7 +217,8 @@ def clip_stats(res: dict, smoothed: np.ndarray | None = None, expected_faces: in
     """What a `track_video` run on footage without truth can say about itself: tracks, id
     switches and frames with more faces than expected (pipeline/keypoints/temporal.py),
     frames/s per second of the clip (median, slowest), and jitter raw vs smoothed and the
-    smoothing's lag in eye distances (`smoothed`: other smoothed rows than the run's)."""
+    smoothing's lag in eye distances: its mean distance from the raw points and best delay,
+    and its signed offset along the motion (`smoothed`: other smoothed rows than the run's)."""
     sm = res["smoothed"] if smoothed is None else smoothed
     out: dict[str, Any] = {"frames": res["frames"], "detections": res["detections"],
                            **track_summary(res["frame"], res["face"], res["frames"], expected_faces),
@@ -222,7 +229,8 @@ def clip_stats(res: dict, smoothed: np.ndarray | None = None, expected_faces: in
     raw_j = second_difference_jitter(res["frame"], res["face"], res["raw"], res["raw"], eyes)
     sm_j = second_difference_jitter(res["frame"], res["face"], sm, res["raw"], eyes)
     out.update(jitter_raw=raw_j, jitter_smoothed=sm_j, jitter_reduction=1 - sm_j / raw_j if raw_j > 0 else float("nan"),
-               lag=lag(res["frame"], res["face"], sm, res["raw"], eyes))
+               lag=lag(res["frame"], res["face"], sm, res["raw"], eyes),
+               lag_along_motion=lag_along_motion(res["frame"], res["face"], sm, res["raw"], eyes))
     return out
 
 
@@ -236,7 +244,7 @@ def format_clip_stats(name: str, st: dict) -> str:
     if "jitter_raw" in st:
         line += (f"; jitter {100 * st['jitter_raw']:.3f}% -> {100 * st['jitter_smoothed']:.3f}% of the eye distance "
                  f"({-100 * st['jitter_reduction']:+.0f}%), lag {100 * st['lag']['offset']:.3f}%, "
-                 f"{st['lag']['delay']:.0f} frame(s)")
+                 f"{st['lag']['delay']:.0f} frame(s), along the motion {100 * st['lag_along_motion']:+.3f}%")
     return line
 
 
@@ -378,7 +386,7 @@ def make_test_video_cmd(out, n_frames, fps, still, seed, photo, xml, face):
 
 STATS_COLUMNS = ("clip", "frames", "tracks", "id_switches", "extra_face_frames", "detections", "fps_median",
                  "fps_slowest", "slowest_second", "jitter_raw_pct", "jitter_smoothed_pct", "jitter_reduction_pct",
-                 "lag_offset_pct", "lag_delay_frames")
+                 "lag_offset_pct", "lag_delay_frames", "lag_along_motion_pct")
 
 
 def stats_row(clip: str, st: dict) -> list:
@@ -386,7 +394,8 @@ def stats_row(clip: str, st: dict) -> list:
     return [clip, st["frames"], st["tracks"], st["id_switches"], st["extra_face_frames"], st["detections"],
             round(r["median"], 2), round(r["slowest"], 2), r["slowest_second"],
             *(round(100 * st.get(k, float("nan")), 4) for k in ("jitter_raw", "jitter_smoothed", "jitter_reduction")),
-            round(100 * st.get("lag", {}).get("offset", float("nan")), 4), st.get("lag", {}).get("delay", float("nan"))]
+            round(100 * st.get("lag", {}).get("offset", float("nan")), 4), st.get("lag", {}).get("delay", float("nan")),
+            round(100 * st.get("lag_along_motion", float("nan")), 4)]
 
 
 @click.command("video-stats")

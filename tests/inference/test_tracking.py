@@ -191,3 +191,29 @@ def test_an_empty_picture_runs_the_detector_every_retry_every_frames(tpl):
     _, frames = scene.run(12, detect_every=10, retry_every=3)
     assert scene.detect_calls == [0, 3, 6, 9]
     assert not any(frames[i] for i in range(9)) and all(0 in frames[i] for i in range(9, 12))
+
+
+def test_a_detection_of_the_tracked_face_at_another_scale_keeps_the_track_alive(tpl):
+    # the detector finds the face on frame 0, then only as a box of half its side around the
+    # face's centre (IoU 0.25 with the tracked box: below match_iou, but inside it). The track's
+    # keypoints are exact throughout: those detections are its face, not misses, so it must not
+    # close as undetected (with max_missed 1, on frame 4) and be restarted under a new id
+    scene = Scene(tpl, {"a": lambda i: (40 + i, 50, 2.0)})
+    detect = scene.detect
+
+    def smaller_after_0(image):
+        boxes = detect(image)
+        if scene.frame == 0:
+            return boxes
+        return np.concatenate([boxes[:, :2] + 0.25 * boxes[:, 2:], 0.5 * boxes[:, 2:]], axis=1)
+
+    scene.detect = smaller_after_0
+    tracker, frames = scene.run(12, detect_every=2, max_missed=1)
+    assert scene.detect_calls == [0, 2, 4, 6, 8, 10]  # found each time: no retries
+    assert [t.id for t in tracker.closed] == [0] and tracker.closed[0].end == "end of video"
+    assert all(list(f) == [0] for f in frames)
+    # disagreeing below IoU 0.5, the detector's box takes over, as for an IoU match
+    for f, boxes in scene.boxes_seen:
+        inner = points_to_box(scene.truth(f)["a"], C)[0]
+        inner = np.concatenate([inner[:2] + 0.25 * inner[2:], 0.5 * inner[2:]])
+        assert np.allclose(boxes[0], inner) == (f in (2, 4, 6, 8, 10)), f

@@ -3,9 +3,10 @@
 import numpy as np
 import pytest
 
-from pipeline.keypoints.smoothing import local_poly_at, local_poly_weights
+from pipeline.keypoints.smoothing import OneEuroFilter, local_poly_at, local_poly_weights, smoothing_factor
 from pipeline.keypoints.temporal import (
     lag,
+    lag_along_motion,
     per_second_rate,
     second_difference_jitter,
     track_summary,
@@ -36,6 +37,37 @@ def test_lag_finds_the_delay_and_the_offset():
     got = lag(frame, face, late, raw)
     assert got["delay"] == 2 and got["offset"] == pytest.approx(0.6 * 28 / 30 / 10)
     assert lag(frame, face, raw, raw) == {"offset": 0.0, "delay": 0.0}
+
+
+def test_lag_along_motion_is_the_causal_lag_on_a_ramp_and_zero_for_a_centred_filter():
+    n, v = 200, 0.3  # px per frame, eye distance 10 px
+    frame, face = np.arange(n), np.zeros(n, dtype=int)
+    raw = _face(n, lambda t: np.array([v * t, 0.5 * v * t]))
+    speed = v * np.hypot(1, 0.5)
+    # an exponential filter (One Euro with beta 0) trails a ramp by speed (1 - a) / a once settled
+    ema = OneEuroFilter(min_cutoff=2.0, beta=0.0)
+    causal = np.stack([ema(p, i / 25) for i, p in enumerate(raw)])
+    a = float(smoothing_factor(2.0, 1 / 25))
+    assert lag_along_motion(frame, face, causal, raw) == pytest.approx(-speed * (1 - a) / a / 10, rel=0.03)
+    centred = np.stack([local_poly_at(raw, t, 3) for t in range(n)])
+    assert lag_along_motion(frame, face, centred, raw) == pytest.approx(0.0, abs=1e-9)
+    ahead = np.concatenate([raw[2:], raw[-2:]])  # two frames early: + 2 frames of motion
+    assert lag_along_motion(frame, face, ahead, raw) == pytest.approx(2 * speed / 10, rel=0.03)
+
+
+def test_lag_along_motion_is_not_inflated_by_the_noise_a_filter_removes():
+    n = 400
+    frame, face = np.arange(n), np.zeros(n, dtype=int)
+    rng = np.random.default_rng(0)
+    noisy = _face(n, lambda t: np.zeros(2)) + rng.normal(0, 0.3, (n, 68, 2))  # a still face, 0.3 px noise
+    smoothed = np.stack([local_poly_at(noisy, t, 3) for t in range(n)])
+    offset = lag(frame, face, smoothed, noisy)["offset"]  # mostly the removed noise
+    assert offset > 0.02 and abs(lag_along_motion(frame, face, smoothed, noisy)) < 0.02 * offset
+    # the same noise on a ramp: the centred filter still shows no lag, the offset is unchanged
+    moving = noisy + _face(n, lambda t: np.array([0.3 * t, 0.0])) - _face(n, lambda t: np.zeros(2))
+    smoothed = np.stack([local_poly_at(moving, t, 3) for t in range(n)])
+    assert abs(lag_along_motion(frame, face, smoothed, moving)) < 0.02 * offset
+    assert lag_along_motion(frame, face, moving, moving) == 0.0  # unsmoothed: no offset at all
 
 
 def test_track_summary_counts_tracks_switches_and_extra_faces():

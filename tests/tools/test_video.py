@@ -174,3 +174,5 @@ def test_video_stats_writes_one_row_per_clip(tiny_model, videos, tmp_path):
     assert rows[0].startswith("clip,frames,tracks,id_switches,extra_face_frames") and len(rows) == 3
     cells = dict(zip(rows[0].split(","), rows[1].split(",")))
     assert cells["frames"] == "12" and cells["tracks"] == "1" and float(cells["lag_delay_frames"]) == 0
+    assert rows[0].endswith(",lag_offset_pct,lag_delay_frames,lag_along_motion_pct")
+    assert np.isfinite(float(cells["lag_along_motion_pct"]))  # 12 frames: the +-5-frame baseline fits
