@@ -1,6 +1,8 @@
 """The face tracker: boxes from keypoints, stable ids, lost and closed tracks."""
 
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -217,3 +219,48 @@ def test_a_detection_of_the_tracked_face_at_another_scale_keeps_the_track_alive(
         inner = points_to_box(scene.truth(f)["a"], C)[0]
         inner = np.concatenate([inner[:2] + 0.25 * inner[2:], 0.5 * inner[2:]])
         assert np.allclose(boxes[0], inner) == (f in (2, 4, 6, 8, 10)), f
+
+
+REAL_VIDEO = Path(__file__).resolve().parents[3] / "shared" / "data" / "real-video"
+
+
+def shape_in_box(box: np.ndarray, c: dict) -> np.ndarray:
+    """The template's 68 points placed so that points_to_box(points, c) is `box` again: a
+    stand-in model whose boxes neither drift nor jump, so the test sees the tracker alone."""
+    x, y, w, h = box
+    ew, eh = w / c["w_scale"], h / c["h_scale"]
+    cx, cy = x + w / 2 - c["dx"] * ew, y + h / 2 - c["dy"] * eh
+    pts = TEMPLATE[:, :2]
+    unit = (pts - pts.min(0)) / (pts.max(0) - pts.min(0)) - 0.5  # extent centred on 0, side 1
+    return unit * [ew, eh] + [cx, cy]
+
+
+@needs_haar
+@pytest.mark.realdata
+@pytest.mark.parametrize("clip", ["d3.mp4", "d6.mp4"])
+def test_a_real_talking_head_clip_is_one_track_with_bounded_detector_runs(clip):
+    """Real footage of one person (../shared/data/real-video): one track and id for the whole
+    clip under OpenCV's Haar detector, and the detector on at most one frame in detect_every
+    plus one in retry_every (counted, not timed), never on every frame."""
+    from pipeline.detection.detectors import get_detector
+    from pipeline.formats.video import frames_of, open_video
+
+    path = REAL_VIDEO / clip
+    if not path.is_file():
+        pytest.skip(f"{path} is absent")
+    found = get_detector("haar")
+    tracker = FaceTracker(lambda image: found(image, 0)[0],
+                          lambda image, boxes: np.stack([shape_in_box(b, C) for b in boxes]),
+                          box_from_points=C, detect_every=10, retry_every=5)
+    cap, fps, _ = open_video(path)
+    n, ids = 0, set()
+    try:
+        for i, frame in enumerate(frames_of(cap)):
+            ids.update(t.id for t in tracker.step(i, i / fps, frame))
+            n = i + 1
+    finally:
+        cap.release()
+    tracker.close_all()
+    assert n > 300 and ids == {0}, (n, ids)
+    assert len(tracker.closed) == 1
+    assert tracker.detections <= n // 10 + n // 5 + 2
