@@ -8,6 +8,7 @@ from pathlib import Path
 import cv2
 import numpy as np
 import pytest
+import torch
 
 from pipeline.core.config import load_config
 from pipeline.formats.annotations import xml_text
@@ -293,3 +294,14 @@ def git_dvc_project(root: Path, env: dict, dvc, message: str = "tiny project", t
     run("git", "add", "-A")
     run("git", "commit", "-q", "-m", message)
     return run
+
+
+class Fixed(torch.nn.Module):
+    """A stand-in model: the same coordinates (K, 2), in input pixels, for any input."""
+
+    def __init__(self, coords):
+        super().__init__()
+        self.coords = torch.as_tensor(coords, dtype=torch.float32)
+
+    def forward(self, x):
+        return self.coords.expand(x.shape[0], -1, -1)  # (B, K, 2)

@@ -18,18 +18,7 @@ from pipeline.inference.tta import predict_original
 from pipeline.keypoints.geometry import crop_one, crop_transform
 from pipeline.keypoints.schema import IBUG68
 
-from conftest import REPO
-
-
-class Fixed(torch.nn.Module):
-    """The same coordinates (input pixels) for any input."""
-
-    def __init__(self, coords):
-        super().__init__()
-        self.coords = torch.as_tensor(coords, dtype=torch.float32)
-
-    def forward(self, x):
-        return self.coords.expand(x.shape[0], -1, -1)
+from conftest import REPO, Fixed
 
 
 def _meta(size, expand, origin=0.0):

@@ -16,21 +16,10 @@ from pipeline.inference.tta import predict_crops
 from pipeline.keypoints.schema import IBUG68
 from pipeline.stages.train import fit
 
-from conftest import run_cli
+from conftest import Fixed, run_cli
 
 TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2",
         "train.randaug_n=1"]
-
-
-class Fixed(torch.nn.Module):
-    """Predicts the same coordinates for any input, in input pixels."""
-
-    def __init__(self, coords):
-        super().__init__()
-        self.coords = torch.as_tensor(coords, dtype=torch.float32)
-
-    def forward(self, x):
-        return self.coords.expand(x.shape[0], -1, -1)
 
 
 class BrightestColumn(torch.nn.Module):
