@@ -216,6 +216,8 @@ class TrainParams(Section):
     flip: float = param(0.5, "horizontal flip probability (indices remapped by the schema)", ge=0, le=1)
     randaug_n: int = param(2, "RandAugment number of ops (0 disables)", ge=0)
     randaug_m: int = param(7, "RandAugment magnitude", ge=0, le=30)
+    rotate: float = param(0.0, "random rotation about the face centre, degrees: uniform in [-rotate, rotate] (0 = off)",
+                          ge=0, le=180)
     amp: Amp = param("auto", "autocast: auto (CUDA only: bf16 where native, else fp16) | on | off | bf16 | fp16")
     channels_last: Switch = param("auto", "NHWC activations: auto (= on: faster on CUDA and with oneDNN on the "
                                           "CPU) | on | off")

@@ -80,6 +80,8 @@ class TrainAugment:
       scale_max], about the image centre (this also does the cache -> input resize; the
       border left by f < 1 is filled with `fill`).
     * flip with probability flip_p, indices remapped by schema.flip_perm.
+    * rotation by an angle uniform in [-rotate, rotate] degrees about the image centre
+      (0 = off; RandAugment's own Rotate is at most 30 * m / 30 degrees and drawn 1 op in 14).
     * RandAugment(num_ops=randaug_n, magnitude=randaug_m), torchvision's 31 magnitude bins
       and op list; randaug_n = 0 disables it.
     Randomness: one `torch.rand(2 + 2 * randaug_n)` per sample from `generator` if given,
@@ -87,7 +89,8 @@ class TrainAugment:
 
     def __init__(self, schema: KeypointSchema, cache_size: int, input_size: int,
                  scale_min: float = 0.75, scale_max: float = 4 / 3, flip_p: float = 0.5,
-                 randaug_n: int = 2, randaug_m: int = 7, fill: float = 0.0, fast: bool = True):
+                 randaug_n: int = 2, randaug_m: int = 7, fill: float = 0.0, fast: bool = True,
+                 rotate: float = 0.0):
         if not 0 < scale_min <= scale_max:
             raise ValueError(f"need 0 < scale_min <= scale_max, got {scale_min}, {scale_max}")
         if not 0.0 <= flip_p <= 1.0:
@@ -98,6 +101,9 @@ class TrainAugment:
         self.fill, self.fast = fill, fast
         self.randaug = KeypointRandAugment(int(randaug_n), int(randaug_m), fill=fill, fast=fast)
         self._log_lo, self._log_hi = math.log(self.scale_min), math.log(self.scale_max)
+        if not 0.0 <= rotate <= 180.0:
+            raise ValueError(f"rotate must be in [0, 180] degrees, got {rotate}")
+        self.rotate = float(rotate)
 
     @classmethod
     def from_config(cls, schema: KeypointSchema, cache_size: int, cfg: Config) -> "TrainAugment":
@@ -106,14 +112,19 @@ class TrainAugment:
         t = cfg.train
         return cls(schema, cache_size, cfg.model.input_size, scale_min=t.scale_min,
                    scale_max=t.scale_max, flip_p=t.flip, randaug_n=t.randaug_n,
-                   randaug_m=t.randaug_m)
+                   randaug_m=t.randaug_m, rotate=t.rotate)
 
     def draw(self, generator: torch.Generator | None = None) -> tuple[float, bool, list[tuple[str, float]]]:
-        """(scale factor, flip, RandAugment ops) of one sample."""
-        u = torch.rand(2 + 2 * self.randaug.num_ops, generator=generator).tolist()
+        """(scale factor, flip, geometric and RandAugment ops) of one sample. With `rotate`
+        a ("Rotate", angle) op, angle uniform in [-rotate, rotate] degrees about the image
+        centre, comes first; its uniform is drawn last, so rotate 0 draws exactly as before."""
+        n = 2 + 2 * self.randaug.num_ops
+        u = torch.rand(n + (self.rotate > 0), generator=generator).tolist()
         factor = math.exp(self._log_lo + (self._log_hi - self._log_lo) * u[0])
         flip = u[1] < self.flip_p
-        ops = self.randaug.ops_from_uniforms(u[2:], self.input_size, self.input_size)
+        ops = self.randaug.ops_from_uniforms(u[2:n], self.input_size, self.input_size)
+        if self.rotate > 0:
+            ops = [("Rotate", (2.0 * u[n] - 1.0) * self.rotate)] + ops
         return factor, flip, ops
 
     def matrix(self, factor: float, flip: bool) -> np.ndarray:

@@ -149,7 +149,7 @@ def build_training(cfg: Config, cache, train_idx: np.ndarray, device: torch.devi
     state = StepState(0, steps_per_epoch * tcfg.epochs,
                       round(tcfg.warmup_epochs * steps_per_epoch), tcfg.lr)
     augment = TrainAugment(schema, cache_size, input_size, tcfg.scale_min, tcfg.scale_max,
-                           tcfg.flip, tcfg.randaug_n, tcfg.randaug_m)
+                           tcfg.flip, tcfg.randaug_n, tcfg.randaug_m, rotate=tcfg.rotate)
     dataset = FaceDataset(cache.faces, cache.keypoints, train_idx, augment, mcfg.in_chans)
     sampler = EpochSampler(len(dataset), tcfg.seed, rank=rank, world=world)
     return TrainSetup(cfg, device, amp, channels_last, model, net, optimizer, scaler, loss_fn, dataset, sampler,

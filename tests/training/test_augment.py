@@ -433,3 +433,28 @@ def test_op_matrix_is_none_for_photometric():
         assert op_matrix(op, 0.5, 96, 96) is None
     for op in GEOMETRIC_OPS:
         assert op_matrix(op, 0.0, 96, 96) is not None
+
+
+def test_rotation_turns_dots_about_the_centre_within_the_range():
+    """train.rotate: the dots (pixels) and keypoints turn together about the image centre by
+    an angle within [-rotate, rotate]; rotate 0 draws exactly what it drew before (same ops,
+    same scale and flip from the same generator)."""
+    img = dots(GRID)
+    kp0 = torch.from_numpy(GRID.astype(np.float32))
+    aug = TrainAugment(SCHEMA, 96, 96, scale_min=1.0, scale_max=1.0, flip_p=0.0, randaug_n=0, rotate=25.0)
+    c = (96 - 1) / 2
+    angles = []
+    for seed in SEEDS:
+        out, kp = aug(img, kp0, gen(seed))
+        check_dots(out, kp, centroid_tol=0.1, min_checked=4)
+        (op, angle), = aug.draw(gen(seed))[2]
+        assert op == "Rotate" and -25.0 <= angle <= 25.0
+        d0, d = GRID - c, kp.numpy() - c
+        np.testing.assert_allclose(np.linalg.norm(d, axis=1), np.linalg.norm(d0, axis=1), atol=1e-3)
+        angles.append(angle)
+    assert max(angles) - min(angles) > 10  # not one fixed angle
+    off = TrainAugment(SCHEMA, 96, 96, randaug_n=2, rotate=0.0)
+    for seed in SEEDS:  # one uniform for scale, one for flip, two per RandAugment op: no more
+        u = torch.rand(2 + 2 * 2, generator=gen(seed)).tolist()
+        _, flip, ops = off.draw(gen(seed))
+        assert flip == (u[1] < 0.5) and ops == off.randaug.ops_from_uniforms(u[2:], 96, 96)
