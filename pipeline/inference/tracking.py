@@ -11,7 +11,7 @@ on synthetic sequences in tests and on any backend in `pipeline predict-video`.
 
 A track is lost when the box of its keypoints is tiny or overlaps its last box below
 `match_iou` (the keypoints left the face, e.g. a weak model on a hard frame): the detector
-runs on that frame, and the detection matching the track's last good box takes over under
+runs on the next frame `retry_every` allows, and the detection matching the track's last good box takes over under
 the same id. The detector's cost is bounded: a lost track, a face that left, or an empty
 picture call it at most once every `retry_every` frames (a lost track keeps its last good
 box in between), so a poor model costs at most fps / retry_every + fps / detect_every

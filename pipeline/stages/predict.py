@@ -35,7 +35,7 @@ def run_predict(cfg: Config, cache_dir: str, folds_path: str, models_dir: str, o
     """The `predict` stage: every fold's model on the test faces (the ensemble, OOF-calibrated
     per predict.calibrate) and on its own validation faces (out of fold) -> out_dir."""
     check_output(out_dir, folder=True)
-    pcfg = cfg.predict  # predict.calibrate is one of calibrate.CALIBRATE_MODES (config RANGES)
+    pcfg = cfg.predict  # predict.calibrate: one of calibrate.CALIBRATE_MODES (the config's choices)
     tta, jitter, calibrate = pcfg.tta, pcfg.tta_jitter, pcfg.calibrate
     check_tta(tta, jitter, params_source("predict.tta_jitter", "predict.tta"), prefix="predict.")
     train, test = load_cache(Path(cache_dir) / "train"), load_cache(Path(cache_dir) / "test")

@@ -1,8 +1,10 @@
 """Faces in motion: `pipeline predict-video` (keypoints on every frame of a video, with face
-tracking, pipeline/inference/tracking.py, and One Euro smoothing, pipeline/keypoints/smoothing.py),
-`pipeline make-test-video` (the test video with exact truth of pipeline/synth/moving_face.py),
-and the measurements behind the smoothing defaults (`score_video`, `tune_one_euro`, used by
-`pipeline bench`'s video section). Video files are read and written by pipeline/formats/video.py."""
+tracking, pipeline/inference/tracking.py, and smoothing over time, `video.filter`: a centred
+local quadratic by default, or One Euro, pipeline/keypoints/smoothing.py), `pipeline video-stats`
+(jitter, lag and frame rates without ground truth), `pipeline make-test-video` (the test video
+with exact truth of pipeline/synth/moving_face.py), and the measurements behind the smoothing
+defaults (`score_video`, `measure_smoothing` for `pipeline bench`'s video section, and
+`tune_one_euro` for the One Euro table of docs/video.md). Video files are read and written by pipeline/formats/video.py."""
 
 from __future__ import annotations
 
@@ -324,7 +326,7 @@ def tune_one_euro(still: dict, still_truth: dict, moving: dict, moving_truth: di
 
 def measure_smoothing(landmarker: Landmarker, vcfg: VideoParams, workdir: str | os.PathLike, n_frames: int = 60,
                       detect=None) -> dict[str, Any]:
-    """Jitter and NME, raw vs smoothed (the params' One Euro), on a still and a moving test
+    """Jitter and NME, raw vs smoothed (the params' `video.filter`), on a still and a moving test
     video made in `workdir`, and frames/s end to end on the moving one (annotated mp4 written)."""
     out: dict[str, Any] = {"frames": n_frames}
     for kind in ("still", "moving"):
@@ -352,7 +354,7 @@ def measure_smoothing(landmarker: Landmarker, vcfg: VideoParams, workdir: str | 
 @click.option("--out", default=None, help="annotated video (.mp4) [out/<IN stem>_keypoints.mp4]")
 @click.option("--csv", "csv_path", default=None, help="also write one row per frame and face to this CSV")
 @click.option("--smooth", type=click.Choice(["on", "off"]), default=None,
-              help="One Euro smoothing; off: raw predictions [params video.smooth]")
+              help="smoothing over time (video.filter); off: raw predictions [params video.smooth]")
 @click.option("--tta", type=click.Choice(["flip", "none"]), default=None, help="[params predict.tta]")
 @click.option("--strip", default=None, help="also write a PNG of 4 frames (around the first face), raw above smoothed")
 @click.option("--device", default="auto", show_default=True)

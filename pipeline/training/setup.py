@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.config import Config, TrainParams, params_source, result_params
+from pipeline.core.config import DEFAULTS, Config, TrainParams, params_source, result_params
 from pipeline.core.device import amp_dtype, use_channels_last, use_compile, use_sync_bn
 from pipeline.core.errors import PipelineError
 from pipeline.core.heap import keep_freed_memory, use_keep_freed_memory
@@ -40,7 +40,12 @@ TRAIN_SECTIONS = ("data", "crop", "folds", "model", "train")
 def _config_key(cfg: Config | dict) -> dict:
     """The part of the config (or of the dict a checkpoint stored) that must match for a
     checkpoint to be resumed: less the speed-only and the runtime params (device, workers,
-    compilation, heap policy), which change how the run goes, not what it trains."""
+    compilation, heap policy), which change how the run goes, not what it trains. A stored
+    dict from before a param existed gets that param's default, which by rule reproduces the
+    old behaviour (train.rotate 0), so adding a param does not throw away a resumable run."""
+    if isinstance(cfg, dict):
+        defaults = DEFAULTS.model_dump()
+        cfg = {s: {**defaults.get(s, {}), **v} if isinstance(v, dict) else v for s, v in cfg.items()}
     return result_params(cfg, TRAIN_SECTIONS, drop_runtime=True)
 
 

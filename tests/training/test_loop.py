@@ -32,3 +32,18 @@ def test_nme_is_nan_when_the_schema_has_no_eyes_in_range(monkeypatch):
     out = loop.evaluate(None, _cache(truth, (36, 45)), np.arange(2), {}, batch_size=2, device="cpu")
     assert out["mae"] == 1.0
     assert math.isnan(out["nme"])
+
+
+def test_a_checkpoint_from_before_a_param_existed_still_resumes():
+    """The resume key of a stored config that lacks a newer param (train.rotate) equals the
+    current config's when that param has its default: adding a param keeps runs resumable;
+    a stored value that differs does not."""
+    from pipeline.core.config import load_config
+    from pipeline.training.setup import _config_key
+
+    cfg = load_config(None)
+    stored = cfg.model_dump()
+    del stored["train"]["rotate"]
+    assert _config_key(stored) == _config_key(cfg)
+    stored["train"]["epochs"] += 1
+    assert _config_key(stored) != _config_key(cfg)

@@ -19,7 +19,7 @@ Sections (each figure lands in the JSON under the same names):
   backend (eager torch, the torch backend, onnxruntime fp32 and int8) beside dlib's
   predictor on the same crops, in alternating rounds (`bench_batch1`).
 * video: frames/s end to end (decode, detect, predict, draw, encode) and keypoint jitter and
-  NME, raw vs One Euro smoothed, on make-test-video's still and moving faces, for the batch-1
+  NME, raw vs smoothed (video.filter), on make-test-video's still and moving faces, for the batch-1
   model (`bench_video`).
 * detectors (data set with a test XML): recall / unmatched detections per photo / photos/s
   of every installed face detector (`bench_detectors`, pipeline/detection/detectors.py).

@@ -18,7 +18,7 @@ from pipeline.tools.video import measure_smoothing
 
 def bench_video(model, meta: dict, cfg: Config, n_frames: int = 60) -> dict[str, Any]:
     """`pipeline bench`'s video section: `measure_smoothing` with the torch backend on the CPU,
-    the installed detector (video.detector) and the params' One Euro filter."""
+    the installed detector (video.detector) and the params' smoothing (video.filter)."""
 
     try:
         det = get_detector(cfg.video.detector)
