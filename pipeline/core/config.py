@@ -311,9 +311,6 @@ class Config(BaseModel):
     submit: SubmitParams = SubmitParams()
     video: VideoParams = VideoParams()
 
-    def section(self, name: str) -> Section:
-        return getattr(self, name)
-
 
 SECTIONS: tuple[str, ...] = tuple(Config.model_fields)
 
