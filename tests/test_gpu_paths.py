@@ -38,6 +38,7 @@ def _fake_gpu(monkeypatch, capability: tuple[int, int], archs=("sm_75", "sm_80",
     """torch.cuda as on a machine with one GPU of `capability` and a wheel built for `archs`:
     is_bf16_supported behaves as torch's own (emulated bf16 counts unless excluded)."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     monkeypatch.setattr(torch.cuda, "get_arch_list", lambda: list(archs))
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: f"fake sm_{capability[0]}{capability[1]}")
@@ -68,7 +69,8 @@ def test_a_gpu_without_kernels_in_the_wheel_is_a_clear_error(monkeypatch, capabi
     _fake_gpu(monkeypatch, capability)
     if ok:
         assert resolve_device("cuda:0") == torch.device("cuda:0")
-        assert resolve_device("auto") == torch.device("cuda")
+        # with an index: torch.cuda.set_device (the DeviceLoader's producer thread) rejects bare 'cuda'
+        assert resolve_device("auto") == torch.device("cuda:0") and resolve_device("cuda") == torch.device("cuda:0")
     else:
         for name in ("cuda:0", "auto"):  # auto too: the GPU is there, the wheel cannot use it
             with pytest.raises(PipelineError, match=f"sm_{capability[0]}{capability[1]}.*install a torch build"):

@@ -17,8 +17,9 @@ def resolve_device(name: str) -> torch.device:
     if name == "auto":
         if not torch.cuda.is_available():
             return torch.device("cpu")
-        check_arch(torch.device("cuda"))
-        return torch.device("cuda")
+        dev = _with_index(torch.device("cuda"))
+        check_arch(dev)
+        return dev
     try:
         dev = torch.device(name)
     except RuntimeError:
@@ -30,8 +31,15 @@ def resolve_device(name: str) -> torch.device:
                             f"device '{name}' requested but CUDA is not available (torch {torch.__version__} "
                             f"is built for CUDA {torch.version.cuda}: no GPU, or a driver too old for it)")
     if dev.type == "cuda":
+        dev = _with_index(dev)
         check_arch(dev)
     return dev
+
+
+def _with_index(dev: torch.device) -> torch.device:
+    """'cuda' as 'cuda:N' (N the current device): torch.cuda.set_device, Stream and
+    other per-device calls reject a CUDA device without an index."""
+    return dev if dev.index is not None else torch.device(dev.type, torch.cuda.current_device())
 
 
 def _arch_runs_on(arch: str, major: int, minor: int) -> bool:

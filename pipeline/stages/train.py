@@ -138,7 +138,11 @@ def _open_live(live_dir, history: list[dict]):
     nothing left to train must still leave them whole, and the same as before."""
     if live_dir is None:
         return None
-    from dvclive import Live
+    try:
+        from dvclive import Live
+    except ImportError:  # an image without DVC's packages (a GPU node's stock torch): train all the same
+        log.warning("dvclive is not installed: no per-epoch log in %s (pip install dvclive)", live_dir)
+        return None
 
     live = Live(dir=str(live_dir), resume=False, save_dvc_exp=False, dvcyaml=None, report=None)
     for row in history:

@@ -31,6 +31,7 @@ RESUME_TOL, not bit for bit; on the CPU `tests/test_faults.py` checks bit equali
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import logging
 import math
@@ -137,6 +138,7 @@ def check_env(ctx: Context) -> dict[str, Any]:
                     "cudnn": torch.backends.cudnn.version(), "device_count": torch.cuda.device_count(),
                     "memory_gib": torch.cuda.get_device_properties(ctx.device).total_memory / 2 ** 30})
     res["amp_auto"] = str(amp_dtype("auto", ctx.device))
+    res["dvclive"] = importlib.util.find_spec("dvclive") is not None  # without it, no per-epoch log (a warning)
     return res
 
 

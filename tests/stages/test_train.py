@@ -1,6 +1,7 @@
 """Trainer: schedule, resume equivalence, NaN stop, checkpoints, and a tiny fold that learns."""
 
 import math
+import sys
 
 import pytest
 import torch
@@ -62,6 +63,19 @@ def test_rerun_of_a_finished_fold_writes_the_same_outputs(tiny_workspace):
     shutil.rmtree(live)
     fit(cfg, 0, ws / "cache", ws / "folds.csv", out, resume=False, live_dir=live)
     assert files() == first
+
+
+def test_training_without_dvclive_installed_warns_and_trains(tiny_workspace, monkeypatch, caplog):
+    """A GPU node's stock torch image may lack DVC's packages: `pipeline train` (whose --live
+    defaults to dvclive/foldK) trains all the same, without the per-epoch log."""
+    ws = tiny_workspace
+    monkeypatch.setitem(sys.modules, "dvclive", None)  # `from dvclive import Live` raises ImportError
+    live = ws / "no_dvclive_live"
+    with caplog.at_level("WARNING"):
+        m = fit(load_config(None, TINY + ["train.epochs=1"]), 0, ws / "cache", ws / "folds.csv", ws / "no_dvclive",
+                resume=False, live_dir=live)
+    assert m["epochs"] == 1 and (ws / "no_dvclive" / "fold0" / "best.pt").is_file()
+    assert "dvclive is not installed" in caplog.text and not (live / "plots").exists()
 
 
 def test_changed_params_do_not_resume(tiny_workspace, caplog):
