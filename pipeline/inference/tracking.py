@@ -117,7 +117,7 @@ class FaceTracker:
     def __init__(self, detect: Callable[[np.ndarray], np.ndarray],
                  predict: Callable[[np.ndarray, np.ndarray], np.ndarray], *, box_from_points: dict,
                  detect_every: int = 10, match_iou: float = 0.3, min_visible: float = 0.5, max_missed: int = 1,
-                 max_faces: int = 0, retry_every: int = 3, smoother: Callable[[], Any] | None = None):
+                 max_faces: int = 0, retry_every: int = 5, smoother: Callable[[], Any] | None = None):
         self.detect, self.predict = detect, predict
         self.c, self.detect_every, self.match_iou = box_from_points, max(1, int(detect_every)), match_iou
         self.min_visible, self.max_missed, self.max_faces = min_visible, max_missed, max_faces

@@ -1,7 +1,9 @@
 """The `submit` stage: the competition CSV (pipeline/formats/submission.py) from the test
 predictions (pipeline/formats/predictions.py), or, standalone, from any test XML and checkpoints
 (a `Landmarker`, with the OOF calibration `pipeline predict` fitted for those checkpoints, so
-that the standalone CSV of the test XML is the stage's, byte for byte). The coordinates are
+that the standalone CSV of the test XML is the stage's, byte for byte, under the same
+predict.amp and device: another precision moves the predictions, not the bias, so those two
+are not compared). The coordinates are
 validated against the test cache's face and keypoint counts before anything is written."""
 
 from __future__ import annotations

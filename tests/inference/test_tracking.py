@@ -101,7 +101,7 @@ def test_tracker_ids_stay_stable_and_a_face_that_leaves_is_closed(tpl):
         "c": lambda i: (60, 100, 1.1) if i >= 14 else None,  # appears at frame 14
     }
     scene = Scene(tpl, paths)
-    tracker, frames = scene.run(24, detect_every=5)
+    tracker, frames = scene.run(24, detect_every=5, retry_every=3)
     by_id = {t.id: t for t in tracker.closed}
     assert sorted(by_id) == [0, 1, 2]  # no id reused
     b_id, a_id, c_id = 0, 1, 2  # the detector lists the larger face (b) first
@@ -152,7 +152,7 @@ def test_a_lost_track_is_found_again_under_its_id(tpl):
         return p * 0.1 + 5 if scene.frame == 3 else p
 
     scene.predict = bad_on_3
-    tracker, frames = scene.run(8, detect_every=100)
+    tracker, frames = scene.run(8, detect_every=100, retry_every=3)
     assert scene.detect_calls == [0, 4]
     assert [list(f) for f in frames] == [[0]] * 8
     assert tracker.closed[0].end == "end of video"
