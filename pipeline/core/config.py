@@ -218,6 +218,9 @@ class TrainParams(Section):
     randaug_m: int = param(7, "RandAugment magnitude", ge=0, le=30)
     rotate: float = param(0.0, "random rotation about the face centre, degrees: uniform in [-rotate, rotate] (0 = off)",
                           ge=0, le=180)
+    erase: float = param(0.0, "occlusion: probability of one rectangle per sample filled with one random grey (2-33% "
+                              "of the input's area, aspect 0.3-3.3); its keypoints keep their labels (0 = off)",
+                         ge=0, le=1)
     amp: Amp = param("auto", "autocast: auto (CUDA only: bf16 where native, else fp16) | on | off | bf16 | fp16")
     channels_last: Switch = param("auto", "NHWC activations: auto (= on: faster on CUDA and with oneDNN on the "
                                           "CPU) | on | off")

@@ -56,6 +56,7 @@ torch's global RNG (what a DataLoader seeds per worker). Same seed -> same sampl
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -84,13 +85,18 @@ class TrainAugment:
       (0 = off; RandAugment's own Rotate is at most 30 * m / 30 degrees and drawn 1 op in 14).
     * RandAugment(num_ops=randaug_n, magnitude=randaug_m), torchvision's 31 magnitude bins
       and op list; randaug_n = 0 disables it.
+    * erase: with this probability, one rectangle of the output (area 2-33% of the image,
+      aspect 0.3-3.3, log-uniform, anywhere it fits) is filled with one uniform random grey:
+      an occluder. The keypoints under it keep their labels, so the model learns to place
+      hidden points from the rest of the face (RandomErasing, Zhong et al. 2020).
     Randomness: one `torch.rand(2 + 2 * randaug_n)` per sample from `generator` if given,
-    else from torch's global RNG: [scale, flip, (op, sign) per RandAugment op]."""
+    else from torch's global RNG: [scale, flip, (op, sign) per RandAugment op], one more
+    uniform with rotate > 0, then `torch.rand(6)` with erase > 0."""
 
     def __init__(self, schema: KeypointSchema, cache_size: int, input_size: int,
                  scale_min: float = 0.75, scale_max: float = 4 / 3, flip_p: float = 0.5,
                  randaug_n: int = 2, randaug_m: int = 7, fill: float = 0.0, fast: bool = True,
-                 rotate: float = 0.0):
+                 rotate: float = 0.0, erase: float = 0.0):
         if not 0 < scale_min <= scale_max:
             raise ValueError(f"need 0 < scale_min <= scale_max, got {scale_min}, {scale_max}")
         if not 0.0 <= flip_p <= 1.0:
@@ -104,6 +110,9 @@ class TrainAugment:
         if not 0.0 <= rotate <= 180.0:
             raise ValueError(f"rotate must be in [0, 180] degrees, got {rotate}")
         self.rotate = float(rotate)
+        if not 0.0 <= erase <= 1.0:
+            raise ValueError(f"erase must be in [0, 1], got {erase}")
+        self.erase = float(erase)
 
     @classmethod
     def from_config(cls, schema: KeypointSchema, cache_size: int, cfg: Config) -> "TrainAugment":
@@ -112,7 +121,7 @@ class TrainAugment:
         t = cfg.train
         return cls(schema, cache_size, cfg.model.input_size, scale_min=t.scale_min,
                    scale_max=t.scale_max, flip_p=t.flip, randaug_n=t.randaug_n,
-                   randaug_m=t.randaug_m, rotate=t.rotate)
+                   randaug_m=t.randaug_m, rotate=t.rotate, erase=t.erase)
 
     def draw(self, generator: torch.Generator | None = None) -> tuple[float, bool, list[tuple[str, float]]]:
         """(scale factor, flip, geometric and RandAugment ops) of one sample. With `rotate`
@@ -136,8 +145,32 @@ class TrainAugment:
         if tuple(image.shape[-2:]) != (self.cache_size, self.cache_size):
             raise ValueError(f"expected a {self.cache_size}x{self.cache_size} image, got {tuple(image.shape)}")
         factor, flip, ops = self.draw(generator)
-        return apply_ops(image, as_points(keypoints), self.matrix(factor, flip), self.input_size, ops,
-                      self.fill, self.flip_perm if flip else None, self.fast)
+        out, kp = apply_ops(image, as_points(keypoints), self.matrix(factor, flip), self.input_size, ops,
+                            self.fill, self.flip_perm if flip else None, self.fast)
+        if self.erase > 0:  # drawn after every other draw: erase 0 draws exactly as before
+            out = erase_rectangle(out, torch.rand(6, generator=generator).tolist(), self.erase)
+        return out, kp
+
+
+ERASE_AREA = (0.02, 1 / 3)  # share of the image's area (RandomErasing's defaults)
+ERASE_ASPECT = (0.3, 1 / 0.3)  # height / width, log-uniform
+
+
+def erase_rectangle(image: torch.Tensor, u: Sequence[float], p: float) -> torch.Tensor:
+    """`image` (C, H, W) uint8 with, if u[0] < p, one rectangle filled with one grey level:
+    area and aspect from u[1], u[2] (log-uniform in ERASE_AREA, ERASE_ASPECT), position
+    from u[3], u[4] (anywhere it fits), grey from u[5]."""
+    if u[0] >= p:
+        return image
+    _, h, w = image.shape
+    area = h * w * math.exp(math.log(ERASE_AREA[0]) + u[1] * math.log(ERASE_AREA[1] / ERASE_AREA[0]))
+    aspect = math.exp(math.log(ERASE_ASPECT[0]) + u[2] * math.log(ERASE_ASPECT[1] / ERASE_ASPECT[0]))
+    eh = min(h, max(1, round(math.sqrt(area * aspect))))
+    ew = min(w, max(1, round(math.sqrt(area / aspect))))
+    top, left = int(u[3] * (h - eh + 1 - 1e-9)), int(u[4] * (w - ew + 1 - 1e-9))
+    out = image.clone()
+    out[:, top:top + eh, left:left + ew] = int(u[5] * 255.999)
+    return out
 
 
 class EvalTransform:

@@ -458,3 +458,34 @@ def test_rotation_turns_dots_about_the_centre_within_the_range():
         u = torch.rand(2 + 2 * 2, generator=gen(seed)).tolist()
         _, flip, ops = off.draw(gen(seed))
         assert flip == (u[1] < 0.5) and ops == off.randaug.ops_from_uniforms(u[2:], 96, 96)
+
+
+def test_erase_fills_one_rectangle_with_one_grey_and_keeps_every_label():
+    """train.erase: the sample equals the erase-0 sample of the same seed (the erase draws
+    come after every other draw) but for one axis-aligned rectangle of one grey level, of
+    2-33% of the image's area; keypoints unchanged; erase 0 leaves the generator where it was."""
+    img = torch.randint(0, 256, (3, 96, 96), dtype=torch.uint8, generator=gen(0))
+    kp0 = torch.from_numpy(GRID.astype(np.float32))
+    plain = TrainAugment(SCHEMA, 96, 96, randaug_n=2, rotate=10.0)
+    erased = TrainAugment(SCHEMA, 96, 96, randaug_n=2, rotate=10.0, erase=1.0)
+    areas = []
+    for seed in SEEDS:
+        want, want_kp = plain(img, kp0, gen(seed))
+        out, kp = erased(img, kp0, gen(seed))
+        assert torch.equal(kp, want_kp)
+        changed = (out != want).any(dim=0)  # (H, W)
+        rows, cols = torch.nonzero(changed.any(dim=1)).flatten(), torch.nonzero(changed.any(dim=0)).flatten()
+        top, bottom, left, right = int(rows.min()), int(rows.max()) + 1, int(cols.min()), int(cols.max()) + 1
+        block = out[:, top:bottom, left:right]
+        assert (block == block[0, 0, 0]).all()  # one grey over the whole rectangle
+        outside = torch.ones_like(changed)
+        outside[top:bottom, left:right] = False
+        assert not changed[outside].any()
+        areas.append((bottom - top) * (right - left) / 96 ** 2)
+    assert all(0.015 <= a <= 0.34 for a in areas) and max(areas) > 2 * min(areas)
+    g, h = gen(0), gen(0)
+    plain(img, kp0, g)
+    plain.draw(h)
+    assert torch.equal(torch.rand(4, generator=g), torch.rand(4, generator=h))  # erase 0: no draw beyond draw()'s
+    never = TrainAugment(SCHEMA, 96, 96, randaug_n=2, erase=0.0)
+    assert torch.equal(never(img, kp0, gen(1))[0], TrainAugment(SCHEMA, 96, 96, randaug_n=2)(img, kp0, gen(1))[0])
