@@ -153,8 +153,7 @@ def build_training(cfg: Config, cache, train_idx: np.ndarray, device: torch.devi
     steps_per_epoch = math.ceil(math.ceil(len(train_idx) / world) / rank_batch)
     state = StepState(0, steps_per_epoch * tcfg.epochs,
                       round(tcfg.warmup_epochs * steps_per_epoch), tcfg.lr)
-    augment = TrainAugment(schema, cache_size, input_size, tcfg.scale_min, tcfg.scale_max,
-                           tcfg.flip, tcfg.randaug_n, tcfg.randaug_m, rotate=tcfg.rotate)
+    augment = TrainAugment.from_config(schema, cache_size, cfg)  # model.input_size and the train section
     dataset = FaceDataset(cache.faces, cache.keypoints, train_idx, augment, mcfg.in_chans)
     sampler = EpochSampler(len(dataset), tcfg.seed, rank=rank, world=world)
     return TrainSetup(cfg, device, amp, channels_last, model, net, optimizer, scaler, loss_fn, dataset, sampler,

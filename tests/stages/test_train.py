@@ -65,6 +65,18 @@ def test_rerun_of_a_finished_fold_writes_the_same_outputs(tiny_workspace):
     assert files() == first
 
 
+def test_training_augments_with_every_augmentation_param(tiny_workspace):
+    """build_training's augmentation reads the train section through TrainAugment.from_config:
+    a param added there (rotate, erase) reaches the training loader."""
+    from pipeline.training.setup import build_training, load_fold
+
+    ws = tiny_workspace
+    cfg = load_config(None, TINY + ["train.rotate=7", "train.erase=0.25", "train.scale_min=0.9", "train.flip=0.3"])
+    cache, train_idx, _ = load_fold(ws / "cache", ws / "folds.csv", 0)
+    aug = build_training(cfg, cache, train_idx, torch.device("cpu")).dataset.transform
+    assert (aug.rotate, aug.erase, aug.scale_min, aug.flip_p, aug.input_size) == (7.0, 0.25, 0.9, 0.3, 32)
+
+
 def test_training_without_dvclive_installed_warns_and_trains(tiny_workspace, monkeypatch, caplog):
     """A GPU node's stock torch image may lack DVC's packages: `pipeline train` (whose --live
     defaults to dvclive/foldK) trains all the same, without the per-epoch log."""
