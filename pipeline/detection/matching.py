@@ -29,17 +29,23 @@ def match(gt: np.ndarray, det: np.ndarray, min_iou: float) -> list[tuple[int, in
     """Greedy one-to-one matching, best IoU first: [(gt index, det index, IoU >= min_iou)]."""
     if not len(gt) or not len(det):
         return []
-    m = iou(gt, det)  # (G, D)
-    pairs, used_g, used_d = [], set(), set()
-    for flat in np.argsort(-m, axis=None, kind="stable"):
-        g, d = np.unravel_index(flat, m.shape)
-        if m[g, d] < min_iou:
+    return greedy_pairs(iou(gt, det), min_iou)
+
+
+def greedy_pairs(scores: np.ndarray, minimum: float) -> list[tuple[int, int, float]]:
+    """Greedy one-to-one pairs of a (rows, columns) score matrix, best score first (ties in
+    row-major order): [(row, column, score >= minimum)]."""
+    pairs: list[tuple[int, int, float]] = []
+    used_r, used_c = set(), set()
+    for flat in np.argsort(-scores, axis=None, kind="stable"):
+        r, c = (int(v) for v in np.unravel_index(flat, scores.shape))
+        if scores[r, c] < minimum:
             break
-        if g in used_g or d in used_d:
+        if r in used_r or c in used_c:
             continue
-        used_g.add(int(g))
-        used_d.add(int(d))
-        pairs.append((int(g), int(d), float(m[g, d])))
+        used_r.add(r)
+        used_c.add(c)
+        pairs.append((r, c, float(scores[r, c])))
     return pairs
 
 

@@ -33,7 +33,7 @@ import numpy as np
 
 from pipeline.core.config import VideoParams
 from pipeline.detection.boxes import iou, overlap_of_smaller
-from pipeline.detection.matching import match
+from pipeline.detection.matching import greedy_pairs, match
 from pipeline.formats.annotations import load_xml
 from pipeline.keypoints.schema import IBUG68
 from pipeline.keypoints.smoothing import OneEuroFilter
@@ -153,20 +153,14 @@ class FaceTracker:
         pairs = match(tracked, boxes, self.match_iou)
         used = {di for _, di, _ in pairs}
         for ti, di, overlap in pairs:  # match's overlap is the IoU of the track's box and the detection
-            t = self.active[ti]
-            t.missed = 0
-            if t.lost or overlap < REANCHOR_IOU:
-                t.box, t.detected, t.lost = boxes[di].copy(), True, False
+            self._found(self.active[ti], boxes[di], overlap)
         matched = {ti for ti, _, _ in pairs}
         # The same face at another scale (IoU below match_iou, half of the smaller box inside
         # the other) also continues its track: unmatched, the track would count a miss and
         # close while this very detection started a new id for the same face. Its box
         # follows the same rule as an IoU match.
         for ti, di in self._same_face_pairs(boxes, matched, used):
-            t = self.active[ti]
-            t.missed = 0
-            if t.lost or iou(t.box[None], boxes[di][None])[0, 0] < REANCHOR_IOU:
-                t.box, t.detected, t.lost = boxes[di].copy(), True, False
+            self._found(self.active[ti], boxes[di], iou(self.active[ti].box[None], boxes[di][None])[0, 0])
             matched.add(ti)
             used.add(di)
         keep = []
@@ -189,6 +183,14 @@ class FaceTracker:
                 continue  # a face already tracked, found again (at another scale, or a part of it)
             self.active.append(self._new_track(index, boxes[di]))
 
+    @staticmethod
+    def _found(track: Track, box: np.ndarray, overlap: float) -> None:
+        """A detection `box` (IoU `overlap` with the track's box) of this track's face: no miss;
+        the track restarts from it when lost or drifted (overlap below REANCHOR_IOU)."""
+        track.missed = 0
+        if track.lost or overlap < REANCHOR_IOU:
+            track.box, track.detected, track.lost = box.copy(), True, False
+
     def _same_face_pairs(self, boxes: np.ndarray, matched: set[int], used: set[int]) -> list[tuple[int, int]]:
         """Greedy one-to-one pairs (track, detection) among the unmatched ones whose boxes are
         one face (overlap of the smaller >= SAME_FACE_OVERLAP), highest overlap first."""
@@ -197,17 +199,7 @@ class FaceTracker:
         if not free_t or not free_d:
             return []
         m = overlap_of_smaller(np.stack([self.active[i].box for i in free_t]), boxes[free_d])  # (T, D)
-        pairs: list[tuple[int, int]] = []
-        taken_t, taken_d = set(), set()
-        for flat in np.argsort(-m, axis=None, kind="stable"):
-            a, b = (int(v) for v in np.unravel_index(flat, m.shape))
-            if m[a, b] < SAME_FACE_OVERLAP:
-                break
-            if a not in taken_t and b not in taken_d:
-                taken_t.add(a)
-                taken_d.add(b)
-                pairs.append((free_t[a], free_d[b]))
-        return pairs
+        return [(free_t[a], free_d[b]) for a, b, _ in greedy_pairs(m, SAME_FACE_OVERLAP)]
 
     def step(self, index: int, t: float, image: np.ndarray) -> list[Track]:
         """One frame: each track's box from its last keypoints; the detector when due, or
