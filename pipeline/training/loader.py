@@ -165,7 +165,7 @@ class _Producer:
             if device is not None and device.type == "cuda":
                 # a new thread's current CUDA device is 0: pinning (num_workers 0) and any
                 # allocation here would otherwise touch GPU 0 from every DDP rank
-                torch.cuda.set_device(device.index if device.index is not None else torch.cuda.current_device())
+                torch.cuda.set_device(device)  # indexed: resolve_device and DDP give cuda:N
             for batch in self.batches:
                 self.queue.put(self.stage(batch))
                 if self.stopping.is_set():  # the consumer left early: produce no more
