@@ -188,19 +188,19 @@ def test_bf16_autocast_steps_keep_the_softmax_and_the_regulariser_in_fp32(tiny_w
     head.register_forward_hook(record("head_in", of_input=True))
     head.register_forward_hook(record("probs", item=1))
     head.conv.register_forward_hook(record("logits"))
-    js = losses.js_divergence
+    js = losses.gaussian_js
 
-    def js_spy(p, q, eps=1e-12):
-        out = js(p, q, eps)
-        dtypes["js"].add((p.dtype, q.dtype, out.dtype))
-        return out
+    def js_spy(probs, target, input_hw, sigma):
+        out, inside = js(probs, target, input_hw, sigma)
+        dtypes["js"].add((probs.dtype, out.dtype))
+        return out, inside
 
-    monkeypatch.setattr(losses, "js_divergence", js_spy)
+    monkeypatch.setattr(losses, "gaussian_js", js_spy)
     tr = train_steps(setup, make_epoch_loader(setup, 0), progress=False)
     assert math.isfinite(tr["loss"]) and tr["loss"] > 0
     assert dtypes["body"] == {torch.bfloat16} and dtypes["head_in"] == {torch.bfloat16}
     assert dtypes["logits"] == {torch.float32} and dtypes["probs"] == {torch.float32}
-    assert dtypes["js"] == {(torch.float32, torch.float32, torch.float32)}
+    assert dtypes["js"] == {(torch.float32, torch.float32)}
     for p in setup.model.parameters():
         assert p.dtype == torch.float32 and p.grad is not None and p.grad.dtype == torch.float32
         assert torch.isfinite(p).all()

@@ -203,7 +203,10 @@ class TrainParams(Section):
     momentum: float = param(0.9, "SGD momentum / AdamW beta1", ge=0, lt=1)
     weight_decay: float = param(1.0e-5, "weight decay (not of norms and biases)", ge=0, le=1e3)
     warmup_epochs: float = param(1.0, "linear warm-up length; then cosine decay to 0", ge=0, le=1e6)
-    loss: Literal["l1", "l2", "mse", "euclidean"] = param("l1", "keypoint loss: l1 | l2 | mse | euclidean")
+    loss: Literal["l1", "l2", "mse", "euclidean", "wing"] = param("l1", "keypoint loss: l1 | l2 | mse | euclidean | wing")
+    wing_width: float = param(10.0, "wing loss: errors below this many input px are on its log curve", gt=0, le=1e6)
+    wing_curvature: float = param(2.0, "wing loss: its curvature, input px (slope near 0 = width / curvature)",
+                                  gt=0, le=1e6)
     structure_lambda: float = param(0.2, "weight of the structure loss (0 disables)", ge=0, le=1e6)
     # losses on coordinates scaled to [-1, 1] (errors / half the input size), as in the
     # integral-regression papers: the SGD lr 0.8 of recipes/gpu.yaml assumes this scale

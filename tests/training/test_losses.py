@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from pipeline.core.errors import PipelineError
 from pipeline.keypoints.schema import IBUG68, NOSE1
-from pipeline.training.losses import LOSS_KINDS, build_loss, keypoint_loss, neighbour_offsets, structure_loss
+from pipeline.training.losses import LOSS_KINDS, build_loss, keypoint_loss, neighbour_offsets, structure_loss, wing
 
 # B = 2, K = 2: errors (0, 0), (3, 4) in the first face, (6, 8), (0, 0) in the second
 TARGET = torch.tensor([[[1.0, 2.0], [3.0, 4.0]], [[5.0, 6.0], [7.0, 8.0]]])
@@ -18,6 +20,8 @@ EXPECTED = {
     "mse": (9 + 16 + 36 + 64) / 8,
     "l2": (0 + 5 + 10 + 0) / 4,  # mean distance over 4 points
     "euclidean": ((0 + 5) + (10 + 0)) / 2,  # summed over the points, mean over 2 faces
+    # every error below the default width 10: 10 ln(1 + e / 2), mean over 8 coordinates (4 of them 0)
+    "wing": 10 * (math.log(2.5) + math.log(3) + math.log(4) + math.log(5)) / 8,
 }
 
 
@@ -45,7 +49,8 @@ def test_positive_off_the_truth(kind):
 S_TARGET = torch.tensor([[[0.0, 0.0], [1.0, 0.0], [0.0, 1.0]]])
 S_PRED = torch.tensor([[[0.0, 0.0], [4.0, 4.0], [0.0, 1.0]]])
 S_NEIGHBOURS = torch.tensor([[1], [0], [0]])
-S_EXPECTED = {"l1": (3 + 4 + 3 + 4) / 6, "mse": (9 + 16 + 9 + 16) / 6, "l2": 10 / 3, "euclidean": 10.0}
+S_EXPECTED = {"l1": (3 + 4 + 3 + 4) / 6, "mse": (9 + 16 + 9 + 16) / 6, "l2": 10 / 3, "euclidean": 10.0,
+              "wing": 10 * (2 * math.log(2.5) + 2 * math.log(3)) / 6}
 
 
 def test_neighbour_offsets():
@@ -118,6 +123,38 @@ def test_numpy_neighbours_and_device_buffer():
     assert total.item() == pytest.approx(68 * 2 ** 0.5, rel=1e-5)  # shift: structure term 0
 
 
+def test_wing_is_continuous_at_its_width_steeper_than_l1_below_it_and_l1_above():
+    err = torch.tensor([0.0, 9.999, 10.0, 10.001, 30.0], dtype=torch.float64, requires_grad=True)
+    loss = wing(err, 10.0, 2.0)
+    assert loss[1].item() == pytest.approx(loss[3].item(), abs=1e-2)  # no jump at the width
+    loss.sum().backward()
+    slope = err.grad.tolist()
+    assert slope[0] == pytest.approx(10 / 2)  # width / curvature near 0
+    assert slope[1] == pytest.approx(10 / 12, rel=1e-3)  # width / (curvature + width) just below
+    assert slope[3] == slope[4] == 1.0  # the L1 slope above
+    assert loss[4].item() == pytest.approx(30 - 10 + 10 * math.log(6))
+
+
+def test_wing_shape_is_in_input_pixels_at_any_coordinate_scale():
+    """On [-1, 1] coordinates the width and curvature scale with the errors, so a wing
+    loss on normalised coordinates is the pixel one times the scale: the same shape."""
+    _, target, g = ibug_case(4)
+    pred = target + 3 * torch.randn(target.shape, generator=g)
+    scale = 2 / 96
+    total, parts = build_loss("wing", 0.0, coord_scale=scale, wing_width=6.0, wing_curvature=1.5)(pred, target)
+    assert total.item() == pytest.approx(scale * keypoint_loss(pred, target, "wing", (6.0, 1.5)).item(), rel=1e-5)
+    with pytest.raises(PipelineError, match="wing_curvature must be a number > 0"):
+        build_loss("wing", 0.0, wing_curvature=0.0)
+
+
+def test_wing_params_reach_the_training_loss():
+    from pipeline.core.config import TrainParams
+    from pipeline.training.losses import loss_from_params
+    tcfg = TrainParams(loss="wing", wing_width=4.0, wing_curvature=0.5)
+    loss_fn = loss_from_params(tcfg, 64, None)
+    assert loss_fn.kind == "wing" and loss_fn.wing_shape == pytest.approx((4.0 / 32, 0.5 / 32))
+
+
 def test_bad_arguments():
     with pytest.raises(PipelineError, match="unknown loss 'huber'"):
         build_loss("huber", 0.2, None)
@@ -132,52 +169,66 @@ def test_bad_arguments():
 
 # ------------------------------------------------------------------ heatmap regulariser
 
-def test_gaussian_maps_are_normalised_and_centred_on_the_soft_argmax_grid():
-    from pipeline.models.head import soft_argmax
-    from pipeline.training.losses import gaussian_maps
-
-    target = torch.tensor([[[30.0, 21.5], [40.25, 33.0], [-60.0, 10.0]]])  # (1, 3, 2) input px
-    maps, inside = gaussian_maps(target, (16, 16), (64, 64), 1.0)
-    assert inside.tolist() == [[True, True, False]]  # the third point is far off the map
-    torch.testing.assert_close(maps[0, :2].sum((-2, -1)), torch.ones(2))
-    # the expectation of a map (read with soft_argmax's own grid) is its target
-    coords, _ = soft_argmax(maps[:, :2].clamp_min(1e-30).log(), (64, 64))
-    torch.testing.assert_close(coords, target[:, :2], atol=1e-3, rtol=0)
-
-
-def test_js_divergence_is_zero_for_equal_maps_and_at_most_ln2():
-    from pipeline.training.losses import js_divergence
-
-    p = torch.zeros(1, 2, 4, 4)
-    p[0, 0, 0, 0] = p[0, 1, 3, 3] = 1.0
-    q = torch.full((1, 2, 4, 4), 1 / 16)
-    assert js_divergence(q, q).abs().max() < 1e-6
-    disjoint = js_divergence(p[:, :1], p[:, 1:])
-    assert abs(disjoint.item() - np.log(2)) < 1e-5
-    assert (js_divergence(p, q) < np.log(2)).all()
+def full_map_gaussian_js(probs, target, input_hw, sigma, eps=1e-12):
+    """The regulariser as written in the DSNT paper: a Gaussian over every map pixel,
+    normalised over the map, and the textbook JS formula summed over every pixel."""
+    (h, w), (H, W) = probs.shape[-2:], input_hw
+    x = (target[..., 0] + 0.5) * (w / W) - 0.5
+    y = (target[..., 1] + 0.5) * (h / H) - 0.5
+    gx = torch.exp(-(torch.arange(w, dtype=probs.dtype) - x[..., None]).square() / (2 * sigma ** 2))
+    gy = torch.exp(-(torch.arange(h, dtype=probs.dtype) - y[..., None]).square() / (2 * sigma ** 2))
+    g = gy[..., :, None] * gx[..., None, :]
+    mass = g.sum((-2, -1))
+    q = g / mass.clamp_min(1e-12)[..., None, None]
+    log_m = (0.5 * (probs + q) + eps).log()
+    js = 0.5 * ((probs * ((probs + eps).log() - log_m)).sum((-2, -1))
+                + (q * ((q + eps).log() - log_m)).sum((-2, -1)))
+    return js, mass > 0.25 * (2 * np.pi * sigma ** 2), q
 
 
+# targets (input px, 64 x 64 input, 16 x 16 maps): well inside, between pixels, on the
+# border (half the Gaussian on the map), just off it, and far off it
+JS_TARGETS = torch.tensor([[[30.0, 21.5], [40.25, 33.0], [0.0, 50.0], [70.0, 10.0], [-60.0, 10.0]]],
+                          dtype=torch.float64)
+
+
+@pytest.mark.parametrize("sigma", [0.5, 1.0, 1.7])
 @pytest.mark.parametrize("sharpness", [1.0, 30.0])  # 30: peaked maps whose tails underflow to ~0
-def test_js_divergence_value_and_gradient_match_the_plain_formula(sharpness):
-    # the fused autograd Function must give the same loss and gradient as autograd of the
-    # textbook formula (eps terms included), or the regulariser would train differently
-    from pipeline.training.losses import js_divergence
-
-    def plain(p, q, eps=1e-12):
-        log_m = (0.5 * (p + q) + eps).log()
-        return 0.5 * ((p * ((p + eps).log() - log_m)).sum((-2, -1)) + (q * ((q + eps).log() - log_m)).sum((-2, -1)))
+def test_gaussian_js_reads_a_window_but_equals_the_full_map_formula(sigma, sharpness):
+    # the window and the "ln 2 / 2 times the mass outside" term must give the loss and the
+    # gradient of the full-map formula, or the regulariser would train differently
+    from pipeline.training.losses import gaussian_js
 
     g = torch.Generator().manual_seed(0)
-    logits = (torch.randn(3, 5, 7, 9, generator=g, dtype=torch.float64) * sharpness).requires_grad_()
-    q = (torch.randn(3, 5, 63, generator=g, dtype=torch.float64) * 3).softmax(-1).reshape(3, 5, 7, 9)
-    weights = torch.randn(3, 5, generator=g, dtype=torch.float64)
+    logits = (torch.randn(3, 5, 16, 16, generator=g, dtype=torch.float64) * sharpness).requires_grad_()
+    target = JS_TARGETS.expand(3, 5, 2)
+    # the loss averages the targets inside only (an outside one has no usable Gaussian)
+    weights = torch.randn(3, 5, generator=g, dtype=torch.float64) * torch.tensor([1.0, 1, 1, 0, 0])
     results = []
-    for fn in (js_divergence, plain):
-        p = logits.reshape(3, 5, 63).softmax(-1).reshape(3, 5, 7, 9)
-        js = fn(p, q)
-        results.append((js, *torch.autograd.grad((js * weights).sum(), logits)))
-    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-14, rtol=0)
-    torch.testing.assert_close(results[0][1], results[1][1], atol=1e-14, rtol=0)
+    for fn in (gaussian_js, full_map_gaussian_js):
+        probs = logits.reshape(3, 5, 256).softmax(-1).reshape(3, 5, 16, 16)
+        js, inside = fn(probs, target, (64, 64), sigma)[:2]
+        results.append((js[:, :3], inside, *torch.autograd.grad((js * weights).sum(), logits)))
+    assert results[0][1].tolist() == results[1][1].tolist() == [[True, True, True, False, False]] * 3
+    # the Gaussian beyond 5 sigma (< 4e-6 of its peak) is the only difference
+    torch.testing.assert_close(results[0][0], results[1][0], atol=1e-5, rtol=0)
+    torch.testing.assert_close(results[0][2], results[1][2], atol=1e-5, rtol=0)
+
+
+def test_gaussian_js_is_zero_at_its_own_gaussian_and_ln2_for_disjoint_mass():
+    from pipeline.models.head import soft_argmax
+    from pipeline.training.losses import gaussian_js
+
+    target = JS_TARGETS[:, :3].float()
+    q = full_map_gaussian_js(torch.full((1, 3, 16, 16), 1 / 256), target, (64, 64), 1.0)[2]
+    js, inside = gaussian_js(q, target, (64, 64), 1.0)
+    assert inside.all() and js.abs().max() < 1e-6
+    # the Gaussian's expectation (read with soft_argmax's own grid) is its target, away from the border
+    coords, _ = soft_argmax(q[:, :2].clamp_min(1e-30).log(), (64, 64))
+    torch.testing.assert_close(coords, target[:, :2], atol=1e-3, rtol=0)
+    far = torch.zeros(1, 1, 16, 16)
+    far[0, 0, 15, 0] = 1.0  # all the mass in a corner, far from a target at (30, 21.5)
+    assert abs(gaussian_js(far, target[:, :1], (64, 64), 1.0)[0].item() - np.log(2) / 2 * 2) < 1e-5
 
 
 def test_heatmap_term_needs_maps_and_pulls_the_maps_towards_the_target():
