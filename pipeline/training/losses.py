@@ -14,6 +14,7 @@ from pipeline.core.config import TrainParams
 from pipeline.core.errors import PipelineError
 
 LOSS_KINDS = ("l1", "l2", "mse", "euclidean", "wing")
+WING_WIDTH, WING_CURVATURE = 10.0, 2.0  # the Wing paper's, in pixels (train.wing_width / wing_curvature)
 
 
 def _check_kind(kind: str) -> None:
@@ -31,7 +32,7 @@ def wing(err: torch.Tensor, width: float, curvature: float) -> torch.Tensor:
 
 
 def keypoint_loss(pred: torch.Tensor, target: torch.Tensor, kind: str = "l1",
-                  wing_shape: tuple[float, float] = (10.0, 2.0)) -> torch.Tensor:
+                  wing_shape: tuple[float, float] = (WING_WIDTH, WING_CURVATURE)) -> torch.Tensor:
     """pred, target (B, K, ..., 2), x then y -> scalar.
 
     l1: mean |error| over every coordinate; mse: mean squared error over every
@@ -60,7 +61,8 @@ def neighbour_offsets(coords: torch.Tensor, neighbours: torch.Tensor) -> torch.T
 
 
 def structure_loss(pred: torch.Tensor, target: torch.Tensor, neighbours: torch.Tensor,
-                   kind: str = "l1", wing_shape: tuple[float, float] = (10.0, 2.0)) -> torch.Tensor:
+                   kind: str = "l1", wing_shape: tuple[float, float] = (WING_WIDTH, WING_CURVATURE)
+                   ) -> torch.Tensor:
     """The point loss of `kind` between predicted and true neighbour offsets; a constant
     shift of every point costs nothing here (the point loss handles position)."""
     if neighbours.numel() == 0:  # too few points to have neighbours (e.g. nose1)
@@ -133,7 +135,7 @@ class KeypointLoss(nn.Module):
     def __init__(self, kind: str = "l1", structure_lambda: float = 0.2,
                  neighbours: torch.Tensor | np.ndarray | None = None, *, coord_scale: float = 1.0,
                  heatmap_lambda: float = 0.0, heatmap_sigma: float = 1.0,
-                 wing_width: float = 10.0, wing_curvature: float = 2.0):
+                 wing_width: float = WING_WIDTH, wing_curvature: float = WING_CURVATURE):
         super().__init__()
         _check_kind(kind)
         for name, v, lo in (("structure_lambda", structure_lambda, 0.0), ("heatmap_lambda", heatmap_lambda, 0.0)):
@@ -188,7 +190,7 @@ class KeypointLoss(nn.Module):
 def build_loss(kind: str = "l1", structure_lambda: float = 0.2,
                neighbours: torch.Tensor | np.ndarray | None = None, *, coord_scale: float = 1.0,
                heatmap_lambda: float = 0.0, heatmap_sigma: float = 1.0,
-               wing_width: float = 10.0, wing_curvature: float = 2.0) -> KeypointLoss:
+               wing_width: float = WING_WIDTH, wing_curvature: float = WING_CURVATURE) -> KeypointLoss:
     """The training loss; `neighbours` (K, n) int from `schema.neighbours(mean_shape)`."""
     return KeypointLoss(kind, structure_lambda, neighbours, coord_scale=coord_scale,
                         heatmap_lambda=heatmap_lambda, heatmap_sigma=heatmap_sigma,

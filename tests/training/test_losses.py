@@ -227,8 +227,8 @@ def test_gaussian_js_is_zero_at_its_own_gaussian_and_ln2_for_disjoint_mass():
     coords, _ = soft_argmax(q[:, :2].clamp_min(1e-30).log(), (64, 64))
     torch.testing.assert_close(coords, target[:, :2], atol=1e-3, rtol=0)
     far = torch.zeros(1, 1, 16, 16)
-    far[0, 0, 15, 0] = 1.0  # all the mass in a corner, far from a target at (30, 21.5)
-    assert abs(gaussian_js(far, target[:, :1], (64, 64), 1.0)[0].item() - np.log(2) / 2 * 2) < 1e-5
+    far[0, 0, 15, 0] = 1.0  # all the mass in a corner, far from a target at (30, 21.5): disjoint maps
+    assert abs(gaussian_js(far, target[:, :1], (64, 64), 1.0)[0].item() - np.log(2)) < 1e-5
 
 
 def test_heatmap_term_needs_maps_and_pulls_the_maps_towards_the_target():
