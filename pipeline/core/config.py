@@ -10,6 +10,7 @@ file or `--set` and the key named, never silently ignored.
 
 from __future__ import annotations
 
+import copy
 import functools
 import os
 import re
@@ -451,8 +452,12 @@ def read_params_file(path: str | os.PathLike) -> dict:
     return {} if loaded is None else loaded
 
 
-def parse_override(text: str) -> dict:
-    """'train.lr=0.1' -> {'train': {'lr': 0.1}}; the value is parsed as YAML."""
+def parse_override(text: str, cfg: Config | None = None) -> dict:
+    """'train.lr=0.1' -> {'train': {'lr': 0.1}}; the value is parsed as YAML.
+
+    A path below a mapping param sets one key of it: with `cfg`, 'model.options.width=0.5'
+    -> {'model': {'options': {**cfg.model.options, 'width': 0.5}}}, so the options a recipe
+    set stay (without the current value the mapping holds only the new key)."""
     if "=" not in text:
         raise PipelineError("--set", f"expected key=value, got {text!r}")
     key, raw = text.split("=", 1)
@@ -466,9 +471,21 @@ def parse_override(text: str) -> dict:
             value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "+inf") else value
         except ValueError:
             pass
+    parts = key.strip().split(".")
+    if len(parts) > 2 and cfg is not None:
+        section = getattr(cfg, parts[0], None)
+        current = getattr(section, parts[1], None) if isinstance(section, BaseModel) else None
+        if isinstance(current, dict):  # copy the mapping down the path, then set the leaf
+            mapping = copy.deepcopy(current)
+            cur = mapping
+            for p in parts[2:-1]:
+                if not isinstance(cur.get(p), dict):
+                    cur[p] = {}
+                cur = cur[p]
+            cur[parts[-1]] = value
+            return {parts[0]: {parts[1]: mapping}}
     node: dict = {}
     cur = node
-    parts = key.strip().split(".")
     for p in parts[:-1]:
         cur[p] = {}
         cur = cur[p]
@@ -516,7 +533,7 @@ def params_source(*keys: str) -> str:
 def with_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
     """`cfg` with `key=value` overrides merged in, checked as --set's."""
     for text in overrides:
-        cfg = merge(cfg, parse_override(text), f"--set {text}")
+        cfg = merge(cfg, parse_override(text, cfg), f"--set {text}")
     return cfg
 
 
@@ -595,7 +612,8 @@ def config_options(fn):
     @click.option("--params", "params_path", default="params.yaml", show_default=True,
                   help="params YAML file (missing default file = built-in defaults)")
     @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-                  help="override a param, e.g. --set train.lr=0.1 (repeatable)")
+                  help="override a param, e.g. --set train.lr=0.1 or one model option: "
+                       "--set model.options.decoder_levels=4 (repeatable)")
     @functools.wraps(fn)
     def wrapper(*args, params_path, overrides, **kwargs):
         return fn(*args, cfg=load_config(params_path, overrides), **kwargs)

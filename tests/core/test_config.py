@@ -76,6 +76,17 @@ def test_override_beats_file(tmp_path):
     assert cfg.train.batch_size == DEFAULTS.train.batch_size
 
 
+def test_override_below_a_mapping_keeps_its_other_keys(tmp_path):
+    # a recipe's model.options must survive `--set model.options.X=...` (bench variants, screens)
+    p = tmp_path / "p.yaml"
+    p.write_text("model:\n  options:\n    decoder_levels: 4\n    stem: {a: 1}\n")
+    cfg = load_config(p, ["model.options.depths=[1, 1, 2, 2]", "model.options.stem.b=2"])
+    assert cfg.model.options == {"decoder_levels": 4, "depths": [1, 1, 2, 2], "stem": {"a": 1, "b": 2}}
+    cfg = load_config(p, ["model.options={width: 0.5}"])  # the mapping itself: replaced whole
+    assert cfg.model.options == {"width": 0.5}
+    assert load_config(p).model.options == {"decoder_levels": 4, "stem": {"a": 1}}  # not mutated
+
+
 def test_int_accepted_for_float_and_stored_as_float(tmp_path):
     cfg = load_config(None, ["train.lr=1"])
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
