@@ -238,6 +238,8 @@ class TrainParams(Section):
                                               "| on | off", runtime=True)
     ema_decay: float = param(0.0, "EMA of the weights (and BN buffers) per optimizer step, evaluated each epoch "
                                   "beside the raw weights; best.pt keeps the better; 0 = off", ge=0, lt=1)
+    val_every: int = param(1, "validate every N epochs and after the last one (best.pt is chosen among the "
+                              "validated epochs); 1 = every epoch", ge=1)
     device: str = param("auto", "auto | cpu | cuda | cuda:N", runtime=True)
     num_workers: int = param(0, "loader worker processes (0 = main process)", ge=0, runtime=True)
     seed: int = param(0, "weights, sampling and augmentation", ge=0)

@@ -25,7 +25,7 @@ CPU_RECIPE_CHANGES = {
     "model.input_size": 96,
     "model.options": {"decoder_levels": 4}, "train.epochs": 96, "train.batch_size": 32, "train.optimizer": "sgd",
     "train.lr": 0.8, "train.weight_decay": 5.0e-4, "train.warmup_epochs": 3.0, "train.heatmap_sigma": 0.5,
-    "predict.tta_jitter": 0.05, "submit.name": "resunet-tiny-cpu"}
+    "train.val_every": 4, "predict.tta_jitter": 0.05, "submit.name": "resunet-tiny-cpu"}
 
 
 def test_merged_cpu_recipe_is_the_full_recipe_it_replaced():

@@ -197,3 +197,31 @@ def test_ema_is_evaluated_and_best_pt_holds_the_better_weights(tiny_workspace):
         assert all(torch.equal(best["model"][k], v) for k, v in want.items())
     # the raw weights and the average differ: the EMA is not a copy
     assert any(not torch.equal(last["model"][k], v) for k, v in last["ema"]["model"].items())
+
+
+def test_val_every_validates_every_nth_and_the_last_epoch_and_picks_best_among_them(tiny_workspace, monkeypatch):
+    import pipeline.stages.train as train_stage
+
+    calls = []
+    real = train_stage.evaluate
+    monkeypatch.setattr(train_stage, "evaluate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    ws = tiny_workspace
+    cfg = load_config(None, TINY + ["train.epochs=5", "train.val_every=2"])
+    live = ws / "every2_live"
+    m = fit(cfg, 0, ws / "cache", ws / "folds.csv", ws / "every2", resume=False, live_dir=live)
+    last = load_checkpoint(ws / "every2" / "fold0" / "last.pt")
+    hist = last["history"]
+    assert [h["epoch"] for h in hist] == [1, 2, 3, 4, 5]  # every epoch trained and checkpointed
+    assert [h["epoch"] for h in hist if "val_mae" in h] == [2, 4, 5]  # every 2nd, and the last
+    assert len(calls) == 3
+    assert m["best_epoch"] in (2, 4, 5) and m["epochs"] == 5
+    assert load_checkpoint(ws / "every2" / "fold0" / "best.pt")["epoch"] == m["best_epoch"]
+    # DVCLive: the training loss every epoch, the validation only where it ran
+    rows = {name: (live / "plots" / "metrics" / f"{name}.tsv").read_text().splitlines()[1:]
+            for name in ("train_loss", "val_mae")}
+    assert len(rows["train_loss"]) == 5 and [r.split("\t")[0] for r in rows["val_mae"]] == ["1", "3", "4"]
+    # validation only reads the weights: the same training as validating every epoch
+    fit(load_config(None, TINY + ["train.epochs=5"]), 0, ws / "cache", ws / "folds.csv", ws / "every1", resume=False)
+    every1 = load_checkpoint(ws / "every1" / "fold0" / "last.pt")
+    assert all(torch.equal(every1["model"][k], v) for k, v in last["model"].items())
+    assert every1["history"][-1]["val_mae"] == hist[-1]["val_mae"]
