@@ -83,7 +83,7 @@ def fit(cfg: Config, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: s
         # validation costs ~7% of a CPU epoch (222 faces beside 885 trained); it reads the
         # weights and draws no random numbers, so skipping it leaves the training unchanged
         if (epoch + 1) % tcfg.val_every and epoch + 1 != end_epoch:
-            history.append({**row, "weights": "raw"})
+            history.append(row)
             log.info("fold %d epoch %d: loss %.4f  (not validated: train.val_every %d)  %.1f img/s  data wait %.1f%%",
                      fold, epoch + 1, tr["loss"], tcfg.val_every, tr["images_per_s"], 100 * tr["data_wait_frac"])
             _save_epoch(setup, meta, out, epoch, best_mae, history, is_main, world, live)
