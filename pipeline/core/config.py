@@ -225,7 +225,9 @@ class TrainParams(Section):
     erase: float = param(0.0, "occlusion: probability of one rectangle per sample filled with one random grey (2-33% "
                               "of the input's area, aspect 0.3-3.3); its keypoints keep their labels (0 = off)",
                          ge=0, le=1)
-    amp: Amp = param("auto", "autocast: auto (CUDA only: bf16 where native, else fp16) | on | off | bf16 | fp16")
+    amp: Amp = param("auto", "autocast: auto (CUDA: bf16 where native, else fp16; CPU: bf16 where the CPU has "
+                             "native bf16, avx512_bf16 or amx_bf16 in /proc/cpuinfo, else fp32) | on | off | bf16 "
+                             "| fp16. The fold's log line names the dtype chosen")
     channels_last: Switch = param("auto", "NHWC activations: auto (= on: faster on CUDA and with oneDNN on the "
                                           "CPU) | on | off")
     sync_bn: Switch = param("auto", "BatchNorm over the global batch under DDP (SyncBatchNorm, CUDA only): auto = "

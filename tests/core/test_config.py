@@ -208,7 +208,8 @@ def test_amp_on_means_enabled_where_it_can_run():
     from pipeline.core.device import amp_dtype, use_channels_last
 
     assert amp_dtype("on", torch.device("cpu")) == torch.bfloat16
-    assert amp_dtype("off", torch.device("cpu")) is None and amp_dtype("auto", torch.device("cpu")) is None
+    assert amp_dtype("off", torch.device("cpu")) is None
+    assert amp_dtype("auto", torch.device("cpu"), native_cpu_bf16=False) is None
     assert use_channels_last("on", torch.device("cpu")) and not use_channels_last("off", torch.device("cpu"))
 
 

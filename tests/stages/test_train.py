@@ -128,12 +128,31 @@ def test_fold_out_of_range_is_an_error(tiny_workspace):
         fit(load_config(None, TINY), 7, ws / "cache", ws / "folds.csv", ws / "x", resume=False)
 
 
-def test_amp_auto_is_off_on_cpu():
+def test_amp_auto_on_cpu_is_bf16_training_only_where_native():
     from pipeline.core.device import amp_dtype
 
-    assert amp_dtype("auto", torch.device("cpu")) is None
+    cpu = torch.device("cpu")
+    assert amp_dtype("auto", cpu, "train.amp", native_cpu_bf16=False) is None
+    assert amp_dtype("auto", cpu, "train.amp", native_cpu_bf16=True) == torch.bfloat16
+    # inference stays fp32 on the CPU, native bf16 or not
+    assert amp_dtype("auto", cpu, "predict.amp", native_cpu_bf16=True) is None
+    assert amp_dtype("off", cpu, "train.amp", native_cpu_bf16=True) is None
     assert amp_dtype("off", torch.device("cuda")) is None
-    assert amp_dtype("bf16", torch.device("cpu")) == torch.bfloat16
+    assert amp_dtype("bf16", cpu, native_cpu_bf16=False) == torch.bfloat16
+
+
+def test_native_bf16_is_read_from_the_cpu_flags(tmp_path):
+    from pipeline.core.device import cpu_flags, cpu_has_native_bf16
+
+    zen4 = tmp_path / "zen4"
+    zen4.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n\n"
+                    "processor\t: 1\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n")
+    zen3 = tmp_path / "zen3"
+    zen3.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\nbugs\t\t: avx512_bf16_lookalike\n")
+    assert "avx512_bf16" in cpu_flags(str(zen4)) and cpu_has_native_bf16(cpu_flags(str(zen4)))
+    assert not cpu_has_native_bf16(cpu_flags(str(zen3)))  # a flag-like word on another line does not count
+    assert cpu_has_native_bf16(frozenset({"amx_bf16", "amx_tile"}))
+    assert cpu_flags(str(tmp_path / "absent")) == frozenset()  # macOS, Windows: no /proc
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
