@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 
 import torch
@@ -80,6 +81,7 @@ _WARNED: set[tuple[str, str]] = set()
 NATIVE_BF16_FLAGS = ("avx512_bf16", "amx_bf16")
 
 
+@functools.lru_cache(maxsize=4)  # read once a process: validation resolves train.amp every epoch
 def cpu_flags(cpuinfo: str = "/proc/cpuinfo") -> frozenset[str]:
     """The CPU's feature flags as the kernel lists them (empty where there is no such file:
     macOS, Windows). torch has no question for this: mkldnn's `_is_mkldnn_bf16_supported`
