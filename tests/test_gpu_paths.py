@@ -20,6 +20,7 @@ from pipeline.core.device import _arch_runs_on, amp_dtype, resolve_device, use_c
 from pipeline.core.errors import PipelineError
 from pipeline.formats.cache import load_cache
 from pipeline.formats.checkpoint import load_checkpoint
+from pipeline.models import head as head_module
 from pipeline.models.head import SoftArgmaxHead
 from pipeline.models.layers import BlurPool2d, reflect_pad1
 from pipeline.stages.train import fit
@@ -187,7 +188,13 @@ def test_bf16_autocast_steps_keep_the_softmax_and_the_regulariser_in_fp32(tiny_w
     first_conv.register_forward_hook(record("body"))
     head.register_forward_hook(record("head_in", of_input=True))
     head.register_forward_hook(record("probs", item=1))
-    head.conv.register_forward_hook(record("logits"))
+    soft_argmax = head_module.soft_argmax
+
+    def soft_argmax_spy(logits, input_hw=None):
+        dtypes["logits"].add(logits.dtype)
+        return soft_argmax(logits, input_hw)
+
+    monkeypatch.setattr(head_module, "soft_argmax", soft_argmax_spy)
     js = losses.gaussian_js
 
     def js_spy(probs, target, input_hw, sigma):

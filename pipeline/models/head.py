@@ -44,6 +44,34 @@ def soft_argmax(logits: torch.Tensor, input_hw: tuple[int, int] | None = None
     return coords, probs
 
 
+class _PointwiseToMaps(torch.autograd.Function):
+    """A bias-free 1x1 conv from channels_last features to maps that are contiguous per
+    map, as batched GEMMs in both directions.
+
+    The softmax runs over each map's pixels, so it wants the maps (B, K, h*w) contiguous;
+    a channels_last network makes them (B, h, w, K). As a convolution, the maps (68 of them,
+    more channels than the features) are transposed on the way into the softmax and their
+    gradient back on the way out: on a 2-core CPU those two copies of a (32, 68, 64, 64)
+    tensor cost more than the 1x1 conv itself. A GEMM reads the features transposed for
+    free, and its backward writes the features' gradient channels_last again."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape  # x channels_last: (B, h, w, C) in memory
+        pixels = x.permute(0, 2, 3, 1).reshape(b, h * w, c)  # (B, h*w, C), a view
+        ctx.save_for_backward(pixels, weight)
+        ctx.hw = (h, w)
+        return torch.bmm(weight.expand(b, -1, -1), pixels.transpose(1, 2))  # (B, K, h*w)
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):  # grad (B, K, h*w)
+        pixels, weight = ctx.saved_tensors
+        (h, w), (b, _, c) = ctx.hw, pixels.shape
+        grad_x = torch.bmm(grad.transpose(1, 2), weight.expand(b, -1, -1))  # (B, h*w, C)
+        grad_weight = torch.bmm(grad, pixels).sum(0)  # (K, C)
+        return grad_x.reshape(b, h, w, c).permute(0, 3, 1, 2), grad_weight  # channels_last, as x
+
+
 class SoftArgmaxHead(nn.Module):
     """features (B, C, h, w) -> 1x1 conv, one map per keypoint -> soft-argmax."""
 
@@ -57,5 +85,11 @@ class SoftArgmaxHead(nn.Module):
         # fp32 under autocast too: bf16 logits (8 mantissa bits) would quantise the softmax
         # weights by a few % and put noise of a fraction of a pixel on the coordinates
         with _no_autocast(x.device):
-            logits = self.conv(x.float())  # (B, K, h, w)
+            x = x.float()
+            b, c, h, w = x.shape
+            if x.is_contiguous(memory_format=torch.channels_last) and not x.is_contiguous():
+                weight = self.conv.weight.reshape(-1, c)  # (K, C)
+                logits = _PointwiseToMaps.apply(x, weight).reshape(b, -1, h, w)  # (B, K, h, w)
+            else:  # NCHW (an ONNX export, a plain forward): the conv is already map-contiguous
+                logits = self.conv(x)  # (B, K, h, w)
         return soft_argmax(logits, input_hw)

@@ -57,23 +57,23 @@ class BlurPool2d(nn.Module):
     Shift-Invariant Again"): low-pass with the fixed binomial [1, 2, 1] x [1, 2, 1] / 16
     filter, depthwise, then subsample. Reflect padding keeps the border from darkening.
 
-    The filter is a non-persistent buffer: it is not learned and not in the state_dict."""
+    The filter is built from two 2x2 average pools, a stride-1 one and then one with the
+    stride: in 1-D, averaging neighbours twice gives (x[i] + 2 x[i+1] + x[i+2]) / 4, the
+    binomial filter, and the second pool's stride subsamples it. The same numbers as a
+    depthwise 3x3 conv with that filter, at a fraction of its cost on the CPU: in bf16
+    oneDNN's depthwise conv backward took about a tenth of a training step. Nothing is
+    learned; the module holds no weights."""
 
     def __init__(self, channels: int, stride: int = 2):
         super().__init__()
         self.channels, self.stride = channels, stride
-        k = torch.tensor([1.0, 2.0, 1.0])
-        k = (k[:, None] * k[None, :]) / 16.0  # (3, 3), sums to 1
-        self.register_buffer("filt", k.expand(channels, 1, 3, 3).contiguous(), persistent=False)
-
-    filt: torch.Tensor  # (C, 1, 3, 3) buffer
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.is_cuda and x.dim() == 4 and x.is_contiguous(memory_format=torch.channels_last):
             x = reflect_pad1(x)
         else:
             x = F.pad(x, (1, 1, 1, 1), mode="reflect")
-        return F.conv2d(x, self.filt.to(x.dtype), stride=self.stride, groups=self.channels)  # (B, C, H/2, W/2)
+        return F.avg_pool2d(F.avg_pool2d(x, 2, stride=1), 2, stride=self.stride)  # (B, C, H/2, W/2)
 
     def extra_repr(self) -> str:
         return f"{self.channels}, stride={self.stride}"

@@ -7,6 +7,7 @@ import json
 
 import pytest
 import torch
+import torch.nn.functional as F
 from click.testing import CliRunner
 from torch import nn
 
@@ -22,6 +23,7 @@ from pipeline.models import (
     model_flops,
     soft_argmax,
 )
+from pipeline.models.head import SoftArgmaxHead
 from pipeline.models.resunet import BasicBlock, Bottleneck
 
 K = 5
@@ -356,10 +358,29 @@ def test_wrong_input_size_is_a_clear_error():
         small_model("resunet-tiny")(torch.zeros(1, 3, 48, 48))
 
 
+@pytest.mark.parametrize("stride", [1, 2, 3])
+@pytest.mark.parametrize("hw", [(7, 9), (8, 8)])
+def test_blurpool_is_the_depthwise_binomial_conv(stride, hw):
+    """The two average pools equal the reflect-padded depthwise [1, 2, 1] x [1, 2, 1] / 16
+    conv with the stride, values and gradients, in NCHW and channels_last."""
+    k = torch.tensor([1.0, 2.0, 1.0])
+    filt = ((k[:, None] * k[None, :]) / 16.0).expand(3, 1, 3, 3)
+    x = torch.randn(2, 3, *hw, dtype=torch.float64)
+    for layout in (torch.contiguous_format, torch.channels_last):
+        xa = x.clone().contiguous(memory_format=layout).requires_grad_()
+        xb = x.clone().requires_grad_()
+        ya = BlurPool2d(3, stride=stride)(xa)
+        yb = F.conv2d(F.pad(xb, (1, 1, 1, 1), mode="reflect"), filt.double(), stride=stride, groups=3)
+        assert ya.shape == yb.shape and torch.allclose(ya, yb)
+        g = torch.randn_like(yb)
+        ya.backward(g)
+        yb.backward(g)
+        assert torch.allclose(xa.grad, xb.grad)
+
+
 def test_blurpool_filter():
     pool = BlurPool2d(2)
-    assert torch.allclose(pool.filt.sum((-2, -1)), torch.ones(2, 1))
-    assert "filt" not in pool.state_dict()  # fixed, not a weight
+    assert not list(pool.parameters()) and not pool.state_dict()  # fixed, not a weight
     x = torch.full((1, 2, 7, 9), 3.0)
     y = pool(x)
     assert y.shape == (1, 2, 4, 5)
@@ -369,6 +390,29 @@ def test_blurpool_filter():
     x[0, 0, 2, 2] = 16.0
     y = BlurPool2d(1, stride=1)(x)
     assert torch.allclose(y[0, 0, 1:4, 1:4], torch.tensor([[1.0, 2, 1], [2, 4, 2], [1, 2, 1]]))
+
+
+def test_head_on_channels_last_features_is_the_1x1_conv():
+    """Channels_last features take the GEMM path: the same maps and coordinates as the
+    1x1 conv of NCHW features, the same gradients, the input's gradient channels_last and
+    the maps' memory contiguous per map (what the softmax reads)."""
+    torch.manual_seed(0)
+    head = SoftArgmaxHead(16, K)  # fp32 whatever comes in
+    x = torch.randn(3, 16, 8, 10)
+    outputs, grads = [], []
+    for layout in (torch.contiguous_format, torch.channels_last):
+        head.zero_grad()
+        xi = x.clone().contiguous(memory_format=layout).requires_grad_()
+        coords, probs = head(xi, (16, 20))
+        (coords.square().sum() + (probs * probs.detach().log()).sum()).backward()
+        outputs.append((coords, probs))
+        grads.append((xi.grad, head.conv.weight.grad.clone()))
+        assert probs.is_contiguous()
+        assert xi.grad.is_contiguous(memory_format=layout)
+    (c0, p0), (c1, p1) = outputs
+    assert torch.allclose(c0, c1, atol=1e-5) and torch.allclose(p0, p1, atol=1e-6)
+    for a, b in zip(*grads):
+        assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
 def test_channels_last_matches():
