@@ -145,8 +145,11 @@ def use_channels_last(setting: str, device: torch.device) -> bool:
 
 def use_compile(setting: str) -> bool:
     """torch.compile the training network: `auto` is off everywhere. On the 2-core CPU
-    inductor compiles for 25-60 s per fold and the step gains ~2% (docs/benchmarks.md), so
-    it does not pay back within a fold; it has not been measured on CUDA."""
+    inductor compiles for 25-60 s per fold and the fp32 step gains ~2-6%
+    (docs/benchmarks.md); in bf16 on a Zen 4 the CPU recipe's epochs ran 1.10x faster but
+    the cold compile (two graphs: the batch and an epoch's smaller last batch) took 100 s,
+    so a fresh three-fold run saves about a minute in 34 (docs/experiments.md). Not
+    measured on CUDA."""
     return switch_on(setting, False, "train.compile")
 
 
