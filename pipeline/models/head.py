@@ -9,6 +9,7 @@ import contextlib
 
 import torch
 from torch import nn
+from torch.autograd.function import once_differentiable
 
 _AUTOCAST_DEVICES = {"cpu", "cuda", "xpu", "mps"}
 
@@ -64,12 +65,18 @@ class _PointwiseToMaps(torch.autograd.Function):
         return torch.bmm(weight.expand(b, -1, -1), pixels.transpose(1, 2))  # (B, K, h*w)
 
     @staticmethod
+    @once_differentiable  # saves a view of x: a second derivative would be wrong, so refuse it
     def backward(ctx, grad: torch.Tensor):  # grad (B, K, h*w)
         pixels, weight = ctx.saved_tensors
         (h, w), (b, _, c) = ctx.hw, pixels.shape
-        grad_x = torch.bmm(grad.transpose(1, 2), weight.expand(b, -1, -1))  # (B, h*w, C)
-        grad_weight = torch.bmm(grad, pixels).sum(0)  # (K, C)
-        return grad_x.reshape(b, h, w, c).permute(0, 3, 1, 2), grad_weight  # channels_last, as x
+        grad_x = grad_weight = None
+        with _no_autocast(grad.device):  # fp32 like the forward, even if backward runs under autocast
+            if ctx.needs_input_grad[0]:
+                grad_x = torch.bmm(grad.transpose(1, 2), weight.expand(b, -1, -1))  # (B, h*w, C)
+                grad_x = grad_x.reshape(b, h, w, c).permute(0, 3, 1, 2)  # (B, C, h, w) channels_last, as x
+            if ctx.needs_input_grad[1]:
+                grad_weight = torch.bmm(grad, pixels).sum(0)  # (K, C)
+        return grad_x, grad_weight
 
 
 class SoftArgmaxHead(nn.Module):

@@ -23,6 +23,7 @@ from pipeline.models import (
     model_flops,
     soft_argmax,
 )
+from pipeline.models import head as head_module
 from pipeline.models.head import SoftArgmaxHead
 from pipeline.models.resunet import BasicBlock, Bottleneck
 
@@ -359,7 +360,7 @@ def test_wrong_input_size_is_a_clear_error():
 
 
 @pytest.mark.parametrize("stride", [1, 2, 3])
-@pytest.mark.parametrize("hw", [(7, 9), (8, 8)])
+@pytest.mark.parametrize("hw", [(7, 9), (8, 8), (2, 3)])
 def test_blurpool_is_the_depthwise_binomial_conv(stride, hw):
     """The two average pools equal the reflect-padded depthwise [1, 2, 1] x [1, 2, 1] / 16
     conv with the stride, values and gradients, in NCHW and channels_last."""
@@ -392,10 +393,14 @@ def test_blurpool_filter():
     assert torch.allclose(y[0, 0, 1:4, 1:4], torch.tensor([[1.0, 2, 1], [2, 4, 2], [1, 2, 1]]))
 
 
-def test_head_on_channels_last_features_is_the_1x1_conv():
+def test_head_on_channels_last_features_is_the_1x1_conv(monkeypatch):
     """Channels_last features take the GEMM path: the same maps and coordinates as the
     1x1 conv of NCHW features, the same gradients, the input's gradient channels_last and
     the maps' memory contiguous per map (what the softmax reads)."""
+    gemm_calls = []
+    apply = head_module._PointwiseToMaps.apply
+    monkeypatch.setattr(head_module._PointwiseToMaps, "apply",
+                        lambda *a: gemm_calls.append(a[0].shape) or apply(*a))
     torch.manual_seed(0)
     head = SoftArgmaxHead(16, K)  # fp32 whatever comes in
     x = torch.randn(3, 16, 8, 10)
@@ -409,6 +414,7 @@ def test_head_on_channels_last_features_is_the_1x1_conv():
         grads.append((xi.grad, head.conv.weight.grad.clone()))
         assert probs.is_contiguous()
         assert xi.grad.is_contiguous(memory_format=layout)
+    assert gemm_calls == [x.shape]  # the channels_last run only; NCHW keeps the conv
     (c0, p0), (c1, p1) = outputs
     assert torch.allclose(c0, c1, atol=1e-5) and torch.allclose(p0, p1, atol=1e-6)
     for a, b in zip(*grads):
