@@ -59,8 +59,8 @@ class BlurPool2d(nn.Module):
 
     The filter is built from two 2x2 average pools, a stride-1 one and then one with the
     stride: in 1-D, averaging neighbours twice gives (x[i] + 2 x[i+1] + x[i+2]) / 4, the
-    binomial filter, and the second pool's stride subsamples it. The same numbers as a
-    depthwise 3x3 conv with that filter, at a fraction of its cost on the CPU: in bf16
+    binomial filter, and the second pool's stride subsamples it. The same filter as a
+    depthwise 3x3 conv (equal up to rounding), at a fraction of its cost on the CPU: in bf16
     oneDNN's depthwise conv backward took about a tenth of a training step. Nothing is
     learned; the module holds no weights."""
 
