@@ -128,8 +128,8 @@ def amp_dtype(amp: str, device: torch.device, key: str = "train.amp",
     if device.type == "cpu" and not native and (amp, device.type) not in _WARNED:
         _WARNED.add((amp, device.type))  # once: validation resolves the setting every epoch
         log.warning("amp=%s on a CPU without native bf16 (no %s flag): autocast is usually far "
-                    "slower than fp32 here (the CPU recipe trained 10x slower on an AVX2 CPU; amp=auto "
-                    "picks fp32)", amp, " or ".join(NATIVE_BF16_FLAGS))
+                    "slower than fp32 here (the CPU recipe's training step: 10x slower on an AVX2 CPU; "
+                    "amp=auto picks fp32)", amp, " or ".join(NATIVE_BF16_FLAGS))
     return torch.float16 if amp == "fp16" else torch.bfloat16
 
 
