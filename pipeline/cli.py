@@ -18,6 +18,7 @@ COMMANDS = {
     "folds": "pipeline.stages.folds:folds_cmd",
     "models": "pipeline.cli:models_cmd",
     "train": "pipeline.stages.train:train_cmd",
+    "train-folds": "pipeline.tools.train_folds:train_folds_cmd",
     "predict": "pipeline.stages.predict:predict_cmd",
     "submit": "pipeline.stages.submit:submit_cmd",
     "score": "pipeline.stages.evaluate:score_cmd",

@@ -54,8 +54,9 @@ def train_one_epoch(model, loader, loss_fn, optimizer, scaler, state: StepState,
     seen, t0, lr = 0, time.perf_counter(), 0.0
     batches = iter(loader)
     try:
+        # None: no bar where stderr is not a terminal (a log file would fill with its redraws)
         bar = tqdm(batches, total=len(loader), desc=desc, unit="batch", leave=False, dynamic_ncols=True,
-                   disable=not progress)
+                   disable=None if progress else True)
         for images, target, _ in bar:  # (B, C, H, W) float, (B, K, 2) input px
             lr = get_lr(state.step, state.total_steps, state.warmup_steps, state.peak_lr)
             for g in optimizer.param_groups:

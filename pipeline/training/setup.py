@@ -205,7 +205,7 @@ def resume_training(setup: TrainSetup, out: Path, schema, fold: int) -> tuple[in
     if not last_path.exists():
         return 0, float("inf"), []
     ck = load_checkpoint(last_path, "cpu", schema)
-    if "config" not in ck or _config_key(ck["config"]) != _config_key(setup.cfg):
+    if not _made_with(ck, setup.cfg):
         log.info("fold %d: %s was trained with other params; starting afresh", fold, last_path)
         return 0, float("inf"), []
     setup.model.load_state_dict(ck["model"])
@@ -223,3 +223,18 @@ def resume_training(setup: TrainSetup, out: Path, schema, fold: int) -> tuple[in
         best_mae = float("inf")  # best.pt was removed: the next epoch rewrites it
     log.info("fold %d: resuming from %s at epoch %d", fold, last_path, ck["epoch"])
     return ck["epoch"], best_mae, history
+
+
+def _made_with(ck: dict, cfg: Config) -> bool:
+    """Whether checkpoint `ck` was trained under `cfg`'s params (those that decide the result)."""
+    return "config" in ck and _config_key(ck["config"]) == _config_key(cfg)
+
+
+def trained_epochs(out: Path, cfg: Config) -> int:
+    """The epochs `resume_training` would find done in out/last.pt under `cfg`: 0 when there
+    is no last.pt or other params made it (the fold would train afresh)."""
+    last_path = out / "last.pt"
+    if not last_path.exists():
+        return 0
+    ck = load_checkpoint(last_path, "cpu", None)
+    return int(ck["epoch"]) if _made_with(ck, cfg) else 0
