@@ -211,3 +211,30 @@ def test_bench_times_each_variant_under_its_own_heap_policy(tiny_workspace, monk
     on = heap.use_keep_freed_memory("on")  # False where the C library is not glibc
     # warm-up (synthetic, real) of each variant, then one round of (real, synthetic) each
     assert applied == [on, on, False, False, on, on, False, False]
+
+
+def test_bench_times_training_side_by_side_as_train_folds_runs_it(tmp_path, monkeypatch):
+    """--side-by-side 2: the first preset's real feed in two one-thread processes at once,
+    their images/s summed and set against the one-process row of the same run."""
+    import pipeline.tools.bench.command as bench
+    from pipeline.core.errors import PipelineError
+    from pipeline.tools.train_folds import available_cpus
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(bench, "resolve_data_dir", lambda data: None)
+    cfg = load_config(None, ["train.batch_size=2"])
+    kw = {"steps": 2, "batch_size": 2, "input_size": 32, "data": None, "checkpoints": [], "device_name": "cpu",
+          "infer_batch": 2, "rounds": 2, "min_time": 0.0, "matmul_n": 64, "accuracy": False, "detectors": False,
+          "video": False, "use_dlib": False}
+    with pytest.raises(PipelineError, match="needs 999 CPUs"):
+        run_bench(cfg, ["resunet-tiny"], side_by_side=999, **kw)
+    if len(available_cpus()) < 2:
+        pytest.skip("needs 2 CPUs")
+    res = run_bench(cfg, ["resunet-tiny"], side_by_side=2, **kw)
+    sbs = res["train_side_by_side"]
+    assert sbs["processes"] == 2 and sbs["threads"] == [1, 1] and sbs["row"] == "resunet-tiny"
+    assert all(_positive(r) for r in sbs["images_per_s_per_process"])
+    assert sbs["images_per_s_real"] == pytest.approx(sum(sbs["images_per_s_per_process"]))
+    assert sbs["ratio_to_one_process"] == pytest.approx(
+        sbs["images_per_s_real"] / res["train"]["resunet-tiny"]["images_per_s_real"])
+    assert "2 processes side by side (1 + 1 threads" in format_table(res)

@@ -10,6 +10,9 @@ Sections (each figure lands in the JSON under the same names):
   already on the device; `data_overhead` = 1 - real / synthetic (goal <= 5%);
   `data_wait_frac_real` = the share of the real rounds' time spent waiting for a batch (what
   the trainer logs as "data wait").
+* train_side_by_side (`--side-by-side N`, CPU): the first preset's real-feed steps in N
+  processes at once, each pinned to its share of the CPUs with as many threads, as `pipeline
+  train-folds` trains the folds; their summed images/s and the ratio to the one-process row.
 * efficiency: training FLOPs per image (3 x the forward FLOPs of `model_flops`: forward +
   backward ~ 3 forwards) x images/s, over the fp32 matmul peak measured in the same run
   (torch.matmul of 2048x2048 fp32, best of a few reps; on CUDA bf16 too).

@@ -22,9 +22,11 @@ from pipeline.tools.bench.batch1 import bench_batch1, sample_test_crops
 from pipeline.tools.bench.detectors import bench_detectors
 from pipeline.tools.bench.inference import bench_infer
 from pipeline.tools.bench.report import format_table
+from pipeline.tools.bench.side_by_side import bench_train_side_by_side
 from pipeline.tools.bench.timing import conv1x1_peak, matmul_peak
 from pipeline.tools.bench.training import bench_train_variants, demo_cache
 from pipeline.tools.bench.video import bench_video
+from pipeline.tools.train_folds import available_cpus, plan_waves
 
 log = logging.getLogger(__name__)
 
@@ -64,10 +66,12 @@ def run_bench(cfg: Config, presets: Sequence[str], steps: int, batch_size: int |
               infer_batch: int = 64, rounds: int = 2, min_time: float = 1.0, matmul_n: int = 2048,
               use_dlib: bool = True, accuracy: bool = True, detectors: bool = True,
               video: bool = True, batch1_presets: Sequence[str] = (),
-              variants: Sequence[Sequence[str]] = ()) -> dict[str, Any]:
+              variants: Sequence[Sequence[str]] = (), side_by_side: int = 0) -> dict[str, Any]:
     """Every section; the training one once per preset as the params say and once more per
     variant (a list of key=value overrides), each a row named '<preset> <overrides>', the
-    variants of a preset timed in interleaved rounds."""
+    variants of a preset timed in interleaved rounds; with `side_by_side` N (CPU only) the
+    first preset's real feed also in N processes side by side, as `pipeline train-folds`
+    trains the folds."""
     device = resolve_device(device_name)
     mcfg = cfg.model
     res: dict[str, Any] = {"device": str(device), "torch": torch.__version__, "threads": torch.get_num_threads(),
@@ -111,6 +115,14 @@ def run_bench(cfg: Config, presets: Sequence[str], steps: int, batch_size: int |
                                         options=options_for(preset))
             for name, tr in zip(names, rows):
                 res["train"][name] = _efficiency(tr, peak)
+            if side_by_side and preset == presets[0]:
+                shares = _cpu_shares(side_by_side, device)
+                log.info("train %s at %d px in %d processes side by side ...", preset, size, side_by_side)
+                sbs = bench_train_side_by_side(cfg, preset, cache_dir, steps, batch_size or cfg.train.batch_size,
+                                               size, shares, rounds=rounds, options=options_for(preset))
+                sbs["row"] = names[0]
+                sbs["ratio_to_one_process"] = sbs["images_per_s_real"] / res["train"][names[0]]["images_per_s_real"]
+                res["train_side_by_side"] = sbs
 
     schema = get_schema(cfg.data)
     res["infer"] = {}
@@ -169,6 +181,17 @@ def run_bench(cfg: Config, presets: Sequence[str], steps: int, batch_size: int |
     return res
 
 
+def _cpu_shares(processes: int, device: torch.device) -> list[tuple[int, ...]]:
+    """The CPUs of each of `processes` side-by-side training processes, split as
+    `pipeline train-folds` splits them."""
+    cpus = available_cpus()
+    if device.type != "cpu":
+        raise PipelineError(None, f"--side-by-side times CPU training; the device is {device}")
+    if processes > len(cpus):
+        raise PipelineError(None, f"--side-by-side {processes} needs {processes} CPUs; this process may use {len(cpus)}")
+    return [job.cpus for job in plan_waves(list(range(processes)), cpus, processes)[0]]
+
+
 def _efficiency(tr: dict, peak: dict) -> dict:
     """Training FLOP/s as a fraction of the matmul peaks measured in the same run."""
     tr["compute_efficiency_synthetic"] = tr["train_flops_per_image"] * tr["images_per_s_synthetic"] / peak["fp32"]
@@ -199,6 +222,9 @@ def _csv(text: str | None) -> list[str]:
 @click.option("--variant", "variants", multiple=True,
               help="one more training row with these comma-separated KEY=VALUE params, e.g. "
                    "--variant train.compile=on (repeatable; the rows share one table)")
+@click.option("--side-by-side", default=0, show_default=True, type=click.IntRange(min=0),
+              help="also time the first preset's training in N processes side by side, each pinned to its share "
+                   "of the CPUs, as `pipeline train-folds` trains the folds (0 = off)")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--threads", default=None, type=click.IntRange(min=1),
               help="torch threads for the whole run [torch default]; the 1-thread figures are measured anyway")
@@ -212,8 +238,8 @@ def _csv(text: str | None) -> list[str]:
 @click.option("--out", "out_path", default="bench.json", show_default=True)
 @config_options
 def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache, data, no_accuracy, checkpoints,
-              more_checkpoints, variants, device, threads, min_time, matmul_n, no_dlib, no_detectors, no_video,
-              batch1_presets, out_path, cfg):
+              more_checkpoints, variants, side_by_side, device, threads, min_time, matmul_n, no_dlib, no_detectors,
+              no_video, batch1_presets, out_path, cfg):
     """Training and inference speed, compute efficiency and accuracy in one run."""
     check_output(out_path)
     names = _csv(presets) or [cfg.model.preset]
@@ -227,7 +253,7 @@ def bench_cmd(presets, steps, rounds, batch_size, input_size, infer_batch, cache
         torch.set_num_threads(threads)
     res = run_bench(cfg, names, steps, batch_size, input_size, data, [*checkpoints, *more_checkpoints], device,
                     cache, infer_batch, rounds, min_time, matmul_n, not no_dlib, not no_accuracy, not no_detectors,
-                    not no_video, more, [_csv(v) for v in variants])
+                    not no_video, more, [_csv(v) for v in variants], side_by_side)
     write_json(out_path, res)
     click.echo(format_table(res))
     click.echo(f"\nwrote {out_path}")

@@ -21,6 +21,12 @@ def format_table(res: dict[str, Any]) -> str:
                      f"{100 * t['data_wait_frac_real']:>5.1f}% "
                      f"{t['train_flops_per_image'] / 1e9:>9.3f} {100 * t['compute_efficiency_synthetic']:>8.1f}% "
                      f"{100 * t['compute_efficiency_real']:>8.1f}% {t.get('warmup_s', float('nan')):>9.1f}")
+    sbs = res.get("train_side_by_side")
+    if sbs:
+        lines.append(f"{sbs['processes']} processes side by side ({' + '.join(map(str, sbs['threads']))} threads, "
+                     f"as train-folds): {sbs['images_per_s_real']:.1f} real img/s together ("
+                     f"{' + '.join(f'{r:.1f}' for r in sbs['images_per_s_per_process'])}), "
+                     f"{sbs['ratio_to_one_process']:.2f}x the row '{sbs['row']}'")
     lines.append("")
     keys = [k for k in next(iter(res["infer"].values())) if k not in ("batch", "input_size")] if res["infer"] else []
     if keys:

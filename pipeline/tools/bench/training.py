@@ -126,24 +126,35 @@ class _Variant:
         return take.images / elapsed, take.wait_s / elapsed, elapsed
 
 
+def _labelled_cache(cache_dir: Path):
+    cache = load_cache(Path(cache_dir) / "train")
+    if cache.keypoints is None:
+        raise PipelineError(Path(cache_dir) / "train", "bench needs a labelled training cache")
+    return cache
+
+
+def _bench_config(cfg: Config, preset: str, input_size: int, bs: int, options: dict | None,
+                  base_options: dict) -> Config:
+    """`cfg` with the timed preset, input size and batch; a variant's own model.options (those
+    that differ from `base_options`, e.g. decoder_levels=4) apply on top of the preset's."""
+    own = {k: v for k, v in cfg.model.options.items() if base_options.get(k) != v}
+    model = cfg.model.model_copy(update={"preset": preset, "input_size": input_size,
+                                         "options": {**(options or {}), **own}})
+    return cfg.model_copy(update={"model": model, "train": cfg.train.model_copy(update={"batch_size": bs})})
+
+
 def bench_train_variants(cfgs: list[Config], preset: str, cache_dir: Path, steps: int, batch_size: int,
                          input_size: int, device: torch.device, rounds: int = 2, warmup: int = 2,
                          options: dict | None = None) -> list[dict[str, float]]:
     """`bench_train` of several configs (e.g. train.channels_last on and off), timed in
     interleaved rounds -- each round runs every config's real and synthetic steps in turn --
     so their ratios see the same background load. One result per config."""
-    cache = load_cache(Path(cache_dir) / "train")
-    if cache.keypoints is None:
-        raise PipelineError(Path(cache_dir) / "train", "bench needs a labelled training cache")
+    cache = _labelled_cache(cache_dir)
     bs = min(batch_size, len(cache))
     variants = []
     base_options = cfgs[0].model.options
     for cfg in cfgs:
-        # a variant's own model.options (e.g. decoder_levels=4) apply on top of the preset's
-        own = {k: v for k, v in cfg.model.options.items() if base_options.get(k) != v}
-        model = cfg.model.model_copy(update={"preset": preset, "input_size": input_size,
-                                             "options": {**(options or {}), **own}})
-        cfg = cfg.model_copy(update={"model": model, "train": cfg.train.model_copy(update={"batch_size": bs})})
+        cfg = _bench_config(cfg, preset, input_size, bs, options, base_options)
         v = _Variant(cfg, cache, bs, input_size, device)
         # the first steps carry the one-off costs (train.compile's compilation, oneDNN's
         # primitive creation): warmup_s is their time beyond `warmup` steps at the best pace
