@@ -50,12 +50,17 @@ def plan_waves(folds: list[int], cpus: list[int], jobs: int) -> list[list[FoldJo
     """The folds in waves of at most `jobs` processes each, every wave splitting `cpus` into
     equal contiguous shares (the first shares one CPU larger when they do not divide): 3
     folds on CPUs [0, 1] with 2 jobs -> [[0 on (0,), 1 on (1,)], [2 on (0, 1)]]. A wave
-    starts when the one before it has finished, so its folds get every core."""
+    starts when the one before it has finished, so its folds get every core. More processes
+    than CPUs run at one thread each, unpinned, and the OS shares the cores between them."""
     if jobs < 1:
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     waves, todo = [], list(folds)
     while todo:
-        n = min(jobs, len(todo), max(1, len(cpus)))
+        n = min(jobs, len(todo))
+        if n > len(cpus):
+            waves.append([FoldJob(fold, ()) for fold in todo[:n]])
+            todo = todo[n:]
+            continue
         base, extra = divmod(len(cpus), n)
         wave, start = [], 0
         for i, fold in enumerate(todo[:n]):
@@ -88,7 +93,7 @@ def train_folds(cfg: Config, jobs: int | None = None, params_path: str = "params
                 cache_dir: str | Path = CACHE_DIR, folds_path: str | Path = FOLDS_FILE,
                 out_root: str | Path = MODELS_DIR, log_dir: str | Path = "logs") -> list[int]:
     """Train the pending folds of `folds.train`, `jobs` processes at a time (None: one per
-    CPU, at most one per pending fold); returns the folds trained. `params_path` and
+    CPU; more than the CPUs: one thread each, unpinned); returns the folds trained. `params_path` and
     `overrides` are passed to every child so it trains under exactly `cfg`. With one job, or
     a training device other than the CPU, it trains nothing: the train stages then train the
     folds one at a time, which is no slower there."""
@@ -106,7 +111,7 @@ def train_folds(cfg: Config, jobs: int | None = None, params_path: str = "params
         return []
     cpus = available_cpus()
     jobs = len(cpus) if jobs is None else jobs
-    if min(jobs, len(cpus), len(pending)) < 2:
+    if min(jobs, len(pending)) < 2:
         log.info("%d job(s) on %d CPU(s) for %d pending fold(s): `dvc repro` trains them one at a time",
                  jobs, len(cpus), len(pending))
         return []
@@ -119,8 +124,8 @@ def train_folds(cfg: Config, jobs: int | None = None, params_path: str = "params
     with tqdm(total=total, desc="train-folds epochs", unit="epoch", disable=None) as bar:  # None: on a terminal
         for i, wave in enumerate(waves, 1):
             log.info("wave %d/%d: %s", i, len(waves), ", ".join(
-                f"fold {j.fold} on CPU {','.join(map(str, j.cpus))} ({j.threads} thread{'s' * (j.threads > 1)}, "
-                f"from epoch {pending[j.fold]})" for j in wave))
+                f"fold {j.fold} {'on CPU ' + ','.join(map(str, j.cpus)) if j.cpus else 'unpinned'} "
+                f"({j.threads} thread{'s' * (j.threads > 1)}, from epoch {pending[j.fold]})" for j in wave))
             _run_wave(wave, child_args, log_dir, bar)
     return sorted(pending)
 
@@ -205,8 +210,8 @@ def _last_line(path: Path) -> str:
 
 @click.command("train-folds")
 @click.option("--jobs", default="auto", show_default=True,
-              help="processes at a time: 'auto' = one per CPU (at most one per pending fold), 1 = none "
-                   "(the train stages train the folds one at a time)")
+              help="processes at a time: 'auto' = one per CPU (at most one per pending fold); more than the "
+                   "CPUs: one thread each, unpinned; 1 = none (the train stages train the folds one at a time)")
 @click.option("--cache", default=CACHE_DIR, show_default=True)
 @click.option("--folds", "folds_path", default=FOLDS_FILE, show_default=True)
 @click.option("--out", "out_root", default=MODELS_DIR, show_default=True, help="writes <out>/fold{K}/")
