@@ -610,14 +610,20 @@ def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     return out
 
 
-def config_options(fn):
-    """Add `--params PATH` and repeatable `--set key=value`, and pass the resolved `cfg`."""
+def params_options(fn):
+    """Add `--params PATH` and repeatable `--set key=value`, passed as `params_path` and
+    `overrides` (for a command that hands them on to others, e.g. child processes)."""
+    fn = click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
+                      help="override a param, e.g. --set train.lr=0.1 or one model option: "
+                           "--set model.options.decoder_levels=4 (repeatable)")(fn)
+    return click.option("--params", "params_path", default="params.yaml", show_default=True,
+                        help="params YAML file (missing default file = built-in defaults)")(fn)
 
-    @click.option("--params", "params_path", default="params.yaml", show_default=True,
-                  help="params YAML file (missing default file = built-in defaults)")
-    @click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE",
-                  help="override a param, e.g. --set train.lr=0.1 or one model option: "
-                       "--set model.options.decoder_levels=4 (repeatable)")
+
+def config_options(fn):
+    """`params_options`, resolved: pass the config as `cfg`."""
+
+    @params_options
     @functools.wraps(fn)
     def wrapper(*args, params_path, overrides, **kwargs):
         return fn(*args, cfg=load_config(params_path, overrides), **kwargs)

@@ -2,9 +2,10 @@
 machine, each in its own `pipeline train` process pinned to its share of the cores, before
 `dvc repro` (which runs one stage at a time and holds the repo lock while it does).
 
-Why: on a 2-core CPU two one-thread processes train ~1.15-1.2x more images per second
-than one two-thread process (no OpenMP barriers between the cores, and each hides the
-other's data-path work; docs/experiments.md). Each child is the train stage's own command
+Why: on two 2-core AVX2 machines two one-thread processes trained whole folds 1.14x and
+1.20x faster than one two-thread process: each epoch's serial parts (loader start,
+validation, checkpoints) leave a core idle in one process, and a second process fills it
+(docs/experiments.md). Each child is the train stage's own command
 (`pipeline train --fold F --resume --live dvclive/foldF`) with the same params, so it
 leaves a finished models/foldF/last.pt, and the train stage that `dvc repro` runs next
 resumes from it with nothing left to train and writes its outputs in seconds. The children
@@ -25,7 +26,7 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from pipeline.core.config import Config, load_config
+from pipeline.core.config import Config, load_config, params_options
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, MODELS_DIR
 
@@ -89,16 +90,17 @@ def available_cpus() -> list[int]:
     return list(range(os.cpu_count() or 1))
 
 
-def train_folds(cfg: Config, jobs: int | None = None, params_path: str = "params.yaml", overrides: tuple[str, ...] = (),
+def train_folds(params_path: str = "params.yaml", overrides: tuple[str, ...] = (), jobs: int | None = None,
                 cache_dir: str | Path = CACHE_DIR, folds_path: str | Path = FOLDS_FILE,
                 out_root: str | Path = MODELS_DIR, log_dir: str | Path = "logs") -> list[int]:
-    """Train the pending folds of `folds.train`, `jobs` processes at a time (None: one per
-    CPU; more than the CPUs: one thread each, unpinned); returns the folds trained. `params_path` and
-    `overrides` are passed to every child so it trains under exactly `cfg`. With one job, or
-    a training device other than the CPU, it trains nothing: the train stages then train the
-    folds one at a time, which is no slower there."""
+    """Train the pending folds of `folds.train` under the params of `params_path` and
+    `overrides` (every child gets the same two), `jobs` processes at a time (None: one per
+    CPU; more than the CPUs: one thread each, unpinned); returns the folds trained. With one
+    job, or a training device other than the CPU, it trains nothing: the train stages then
+    train the folds one at a time, which is no slower there."""
     from pipeline.core.device import resolve_device
 
+    cfg = load_config(params_path, overrides)
     device = resolve_device(cfg.train.device)
     if device.type != "cpu":
         log.info("train.device is %s: nothing to run side by side; `dvc repro` trains the folds one at a time",
@@ -216,14 +218,11 @@ def _last_line(path: Path) -> str:
 @click.option("--folds", "folds_path", default=FOLDS_FILE, show_default=True)
 @click.option("--out", "out_root", default=MODELS_DIR, show_default=True, help="writes <out>/fold{K}/")
 @click.option("--log-dir", default="logs", show_default=True, help="each fold's log: <log-dir>/train-fold{K}.log")
-@click.option("--params", "params_path", default="params.yaml", show_default=True,
-              help="params YAML file (missing default file = built-in defaults)")
-@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="override a param (repeatable)")
+@params_options
 def train_folds_cmd(jobs, cache, folds_path, out_root, log_dir, params_path, overrides):
     """Train the folds of folds.train side by side on the CPU cores, before `dvc repro`
     (`make repro` runs it): the train stages then find them trained and finish in seconds."""
     if jobs != "auto" and not (jobs.isdigit() and int(jobs) >= 1):
         raise click.BadParameter(f"'{jobs}' is neither 'auto' nor a whole number >= 1", param_hint="--jobs")
-    cfg = load_config(params_path, overrides)
-    train_folds(cfg, None if jobs == "auto" else int(jobs), params_path, tuple(overrides), cache, folds_path,
-                out_root, log_dir)
+    train_folds(params_path, tuple(overrides), None if jobs == "auto" else int(jobs), cache, folds_path, out_root,
+                log_dir)

@@ -184,9 +184,9 @@ def run_bench(cfg: Config, presets: Sequence[str], steps: int, batch_size: int |
 def _cpu_shares(processes: int, device: torch.device) -> list[tuple[int, ...]]:
     """The CPUs of each of `processes` side-by-side training processes, split as
     `pipeline train-folds` splits them."""
-    cpus = available_cpus()
     if device.type != "cpu":
         raise PipelineError(None, f"--side-by-side times CPU training; the device is {device}")
+    cpus = available_cpus()
     if processes > len(cpus):
         raise PipelineError(None, f"--side-by-side {processes} needs {processes} CPUs; this process may use {len(cpus)}")
     return [job.cpus for job in plan_waves(list(range(processes)), cpus, processes)[0]]
