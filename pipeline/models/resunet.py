@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pipeline.core.errors import PipelineError
@@ -197,7 +198,7 @@ class ResUNet(nn.Module):
                  stem_widths: Sequence[int] = STEM_WIDTHS, decoder_widths: Sequence[int] | None = None,
                  decoder_block: str | None = None, upsample: str = "deconv", blurpool: bool = True,
                  act: str = "relu", input_skip: bool = True, zero_init_last: bool = True,
-                 decoder_levels: int = 5):
+                 decoder_levels: int = 5, map_upsample: int = 1):
         super().__init__()
         if input_size % 32:
             raise PipelineError(None, f"input_size must be a multiple of 32 (5 halvings), got {input_size}")
@@ -215,6 +216,12 @@ class ResUNet(nn.Module):
         # runs on a coarser, wider map (sub-pixel positions come from the expectation), which
         # is far cheaper on CPUs than 68 full-resolution maps
         self.decoder_levels = decoder_levels
+        if isinstance(map_upsample, bool) or map_upsample not in (1, 2, 4):
+            raise PipelineError(None, f"map_upsample must be 1, 2 or 4, got {map_upsample!r}")
+        # bilinear x2 (x4) of the last decoder features before the 1x1 head: the soft-argmax
+        # and its regulariser then work on a finer grid without a decoder level's convs there
+        # (bilinear and the 1x1 head commute, so this is the upsampled maps' logits)
+        self.map_upsample = map_upsample
         block_fn = get_block(block)
         dec_block_fn = get_block(decoder_block or block)
         act_layer, norm_layer = get_act_layer(act), nn.BatchNorm2d
@@ -268,7 +275,9 @@ class ResUNet(nn.Module):
 
     def forward_head(self, x: torch.Tensor, input_hw: tuple[int, int] | None = None
                      ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Decoder features -> (coords (B, K, 2) input px, probs (B, K, H, W)), float32."""
+        """Decoder features -> (coords (B, K, 2) input px, probs (B, K, h, w)), float32."""
+        if self.map_upsample > 1:  # (B, D, h/u, w/u) -> (B, D, h, w)
+            x = F.interpolate(x, scale_factor=self.map_upsample, mode="bilinear", align_corners=False)
         return self.head(x, input_hw)
 
     def forward_maps(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -19,11 +19,11 @@ def test_params_yaml_matches_defaults_except_data_dir():
 
 
 # what recipes/cpu.yaml said before recipes listed only what they change (plus the SGD weight
-# decay and the crop expand screened since): the merged slim recipe must still be exactly this run
+# decay, the crop expand and the upsampled maps screened since): the merged slim recipe must still be exactly this run
 CPU_RECIPE_CHANGES = {
     "data.dir": "../shared/data/ibug300w-mini", "data.label_origin": 1.0, "crop.side": 128, "crop.expand": 1.10,
     "folds.k": 3, "folds.train": [0, 1, 2], "model.input_size": 128,
-    "model.options": {"decoder_levels": 4}, "train.epochs": 96, "train.batch_size": 32, "train.optimizer": "sgd",
+    "model.options": {"decoder_levels": 3, "map_upsample": 2}, "train.epochs": 96, "train.batch_size": 32, "train.optimizer": "sgd",
     "train.lr": 0.8, "train.weight_decay": 5.0e-4, "train.warmup_epochs": 3.0, "train.heatmap_sigma": 0.5,
     "train.val_every": 4, "predict.tta_jitter": 0.05, "submit.name": "resunet-tiny-cpu"}
 

@@ -139,6 +139,32 @@ def test_resunet_resolutions():
         assert full.forward_decoder(full.forward_features(x)).shape[-2:] == (64, 64)
 
 
+def test_map_upsample_refines_the_maps_without_a_decoder_level():
+    # 3 levels end at 1/4 of the input; map_upsample=2 puts the soft-argmax on a 1/2 grid
+    model = small_model("resunet-tiny", map_upsample=2)
+    x = batch("resunet-tiny")
+    coords, probs = model.forward_maps(x)
+    assert probs.shape == (2, K, 32, 32)
+    assert len(model.decoder) == 3  # no decoder level was added for the finer maps
+    grid = (torch.arange(32, dtype=torch.float32) + 0.5) * 2 - 0.5  # map pixel centres in input px
+    assert torch.allclose(coords[..., 0], (probs.sum(-2) * grid).sum(-1), atol=1e-4)
+    # the upsampling is bilinear on the pixel-centre convention of soft_argmax's input_hw
+    # scaling (align_corners=False), and commutes with the 1x1 head: the maps' logits are the
+    # coarse logits upsampled
+    model.eval()
+    with torch.no_grad():
+        feats = model.forward_decoder(model.forward_features(x))  # (B, D, 16, 16)
+        coarse = F.conv2d(feats, model.head.conv.weight)  # (B, K, 16, 16)
+        fine = F.interpolate(coarse, scale_factor=2, mode="bilinear", align_corners=False)
+        _, probs = model.forward_maps(x)
+    assert torch.allclose(probs, fine.flatten(2).softmax(-1).view_as(probs), atol=1e-5)
+    model.train()
+    coords.sum().backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    with pytest.raises(PipelineError, match="map_upsample must be 1, 2 or 4"):
+        small_model("resunet-tiny", map_upsample=3)
+
+
 def test_tiny_is_cheap():
     model = create_model("resunet-tiny", 68, input_size=96)
     assert model_flops(model, 96, 3) < 0.5e9
