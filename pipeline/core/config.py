@@ -181,7 +181,7 @@ class ModelParams(Section):
     preset: str = param("resunet-tiny", "registry name, see `pipeline models`")
     input_size: int = param(64, "network input side in pixels", ge=8, le=4096)
     in_chans: int = param(3, "3 = colour, 1 = grayscale", must="1 or 3")
-    options: dict[str, Any] = param({}, "preset keyword overrides (width, blurpool, act, decoder_levels, ...)")
+    options: dict[str, Any] = param({}, "preset keyword overrides (width, blurpool, act, decoder_levels, map_upsample, ...)")
 
     @field_validator("in_chans")
     @classmethod

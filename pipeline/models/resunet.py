@@ -15,6 +15,10 @@ decoder back to input resolution, and a soft-argmax head (one heatmap per keypoi
       up x2 + cat(input) + block (/1)
       conv1x1 -> K maps -> softmax over H*W -> expected (x, y)
 
+`decoder_levels` < 5 stops the decoder early (coarser maps, far cheaper on a CPU);
+`map_upsample` then resizes the last decoder features bilinearly before the 1x1 head, so the
+soft-argmax works on a finer grid without the convolutions of the levels left out.
+
 ResUNet-72 (`resunet72`) is the ResNet-50 body: 3 stem convs + 16 bottlenecks x 3 convs
 + 5 decoder levels x (up-conv + 3 bottleneck convs) + the 1x1 head = 3 + 48 + 20 + 1 = 72
 layers on the main path (1x1 projection shortcuts not counted, as in "ResNet-50")."""
@@ -216,8 +220,11 @@ class ResUNet(nn.Module):
         # runs on a coarser, wider map (sub-pixel positions come from the expectation), which
         # is far cheaper on CPUs than 68 full-resolution maps
         self.decoder_levels = decoder_levels
-        if isinstance(map_upsample, bool) or map_upsample not in (1, 2, 4):
+        if type(map_upsample) is not int or map_upsample not in (1, 2, 4):
             raise PipelineError(None, f"map_upsample must be 1, 2 or 4, got {map_upsample!r}")
+        if 2 ** decoder_levels * map_upsample > 32:
+            raise PipelineError(None, f"map_upsample {map_upsample} with decoder_levels {decoder_levels} would make "
+                                      "maps larger than the input (decoder_levels + log2(map_upsample) must be <= 5)")
         # bilinear x2 (x4) of the last decoder features before the 1x1 head: the soft-argmax
         # and its regulariser then work on a finer grid without a decoder level's convs there
         # (bilinear and the 1x1 head commute, so this is the upsampled maps' logits)

@@ -161,8 +161,25 @@ def test_map_upsample_refines_the_maps_without_a_decoder_level():
     model.train()
     coords.sum().backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
-    with pytest.raises(PipelineError, match="map_upsample must be 1, 2 or 4"):
-        small_model("resunet-tiny", map_upsample=3)
+    for bad in (3, 2.0, True):
+        with pytest.raises(PipelineError, match="map_upsample must be 1, 2 or 4"):
+            create_model("resunet-tiny", K, input_size=64, map_upsample=bad)
+    with pytest.raises(PipelineError, match="maps larger than the input"):
+        create_model("resunet-tiny", K, input_size=64, decoder_levels=4, map_upsample=4)
+
+
+def test_map_upsample_keeps_channels_last_and_exports():
+    # the head's GEMM path wants channels_last features: the upsampling must keep the layout
+    model = small_model("resunet-tiny", map_upsample=2).eval()
+    x = batch("resunet-tiny")
+    with torch.no_grad():
+        ref = model(x)
+        cl = model.to(memory_format=torch.channels_last)(x.contiguous(memory_format=torch.channels_last))
+        feats = model.forward_decoder(model.forward_features(x.contiguous(memory_format=torch.channels_last)))
+        up = F.interpolate(feats, scale_factor=2, mode="bilinear", align_corners=False)
+    model.to(memory_format=torch.contiguous_format)
+    assert up.is_contiguous(memory_format=torch.channels_last)
+    assert torch.allclose(ref, cl, atol=1e-3)
 
 
 def test_tiny_is_cheap():
@@ -228,7 +245,8 @@ def test_forward_maps(preset):
         coords, probs = model.forward_maps(x)
         plain = model(x)
     s = SMALL[preset]
-    m = s // 2 ** (5 - getattr(model, "decoder_levels", 5))  # map side: coarser with fewer levels
+    # map side: coarser with fewer levels, finer with map_upsample
+    m = s // 2 ** (5 - getattr(model, "decoder_levels", 5)) * getattr(model, "map_upsample", 1)
     assert probs.shape == (2, K, m, m)
     assert torch.allclose(probs.sum((-2, -1)), torch.ones(2, K), atol=1e-5)
     assert torch.equal(coords, plain)

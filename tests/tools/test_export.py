@@ -21,9 +21,10 @@ from conftest import run
 ort = pytest.importorskip("onnxruntime", reason="onnx backend tests need onnxruntime (pip install '.[onnx]')")
 
 # trained on the 32 px / expand 1.25 cache of tiny_workspace, with other crop params on
-# disk: the checkpoint's stamped geometry must win everywhere
+# disk: the checkpoint's stamped geometry must win everywhere; with the CPU recipe's
+# upsampled maps, so the ONNX graph carries the bilinear resize before the head
 TINY = ["crop.side=48", "crop.expand=1.6", "model.input_size=32", "train.batch_size=8", "train.epochs=1",
-        "folds.k=2", "train.randaug_n=1", "train.device=cpu"]
+        "folds.k=2", "train.randaug_n=1", "train.device=cpu", "model.options.map_upsample=2"]
 
 
 
