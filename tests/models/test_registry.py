@@ -168,20 +168,6 @@ def test_map_upsample_refines_the_maps_without_a_decoder_level():
         create_model("resunet-tiny", K, input_size=64, decoder_levels=4, map_upsample=4)
 
 
-def test_map_upsample_keeps_channels_last_and_exports():
-    # the head's GEMM path wants channels_last features: the upsampling must keep the layout
-    model = small_model("resunet-tiny", map_upsample=2).eval()
-    x = batch("resunet-tiny")
-    with torch.no_grad():
-        ref = model(x)
-        cl = model.to(memory_format=torch.channels_last)(x.contiguous(memory_format=torch.channels_last))
-        feats = model.forward_decoder(model.forward_features(x.contiguous(memory_format=torch.channels_last)))
-        up = F.interpolate(feats, scale_factor=2, mode="bilinear", align_corners=False)
-    model.to(memory_format=torch.contiguous_format)
-    assert up.is_contiguous(memory_format=torch.channels_last)
-    assert torch.allclose(ref, cl, atol=1e-3)
-
-
 def test_tiny_is_cheap():
     model = create_model("resunet-tiny", 68, input_size=96)
     assert model_flops(model, 96, 3) < 0.5e9
@@ -465,14 +451,19 @@ def test_head_on_channels_last_features_is_the_1x1_conv(monkeypatch):
         assert torch.allclose(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_channels_last_matches():
-    model = small_model("resunet-tiny").eval()
+@pytest.mark.parametrize("options", [{}, {"map_upsample": 2}])
+def test_channels_last_matches(options):
+    model = small_model("resunet-tiny", **options).eval()
     x = batch("resunet-tiny")
     with torch.no_grad():
         ref = model(x)
         cl = model.to(memory_format=torch.channels_last)(x.contiguous(memory_format=torch.channels_last))
+        # the head's GEMM path wants channels_last features: map_upsample's resize must keep the layout
+        feats = model.forward_decoder(model.forward_features(x.contiguous(memory_format=torch.channels_last)))
+        up = F.interpolate(feats, scale_factor=model.map_upsample, mode="bilinear", align_corners=False)
     model.to(memory_format=torch.contiguous_format)
     assert torch.allclose(ref, cl, atol=1e-3)
+    assert up.is_contiguous(memory_format=torch.channels_last)
 
 
 def test_models_command_lists_every_preset():
