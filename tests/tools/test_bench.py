@@ -196,6 +196,17 @@ def test_bench_variant_model_options_build_the_variant_model(tmp_path, monkeypat
     assert built == [3, 4]
 
 
+def test_bench_variant_option_splits_on_commas_outside_brackets():
+    # a list-valued override (decoder widths) must reach the variant whole, not as "[64" and "32]"
+    from pipeline.tools.bench.command import _csv
+
+    assert _csv("model.options.decoder_widths=[64,32,16,8,8], train.lr=0.4") == \
+        ["model.options.decoder_widths=[64,32,16,8,8]", "train.lr=0.4"]
+    assert _csv("model.options={a: [1, 2], b: 3},x=1") == ["model.options={a: [1, 2], b: 3}", "x=1"]
+    assert _csv("resunet-tiny, resunet72,") == ["resunet-tiny", "resunet72"]
+    assert _csv(None) == []
+
+
 def test_bench_times_each_variant_under_its_own_heap_policy(tiny_workspace, monkeypatch):
     # the heap policy is process-wide: a variant with train.keep_freed_memory=off must run
     # its timed steps with it off even though the variant before it turned it on

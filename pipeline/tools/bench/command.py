@@ -203,7 +203,16 @@ def _efficiency(tr: dict, peak: dict) -> dict:
 
 
 def _csv(text: str | None) -> list[str]:
-    return [s.strip() for s in (text or "").split(",") if s.strip()]
+    """Split on the commas outside brackets, so a variant can hold a list value:
+    'model.options.decoder_widths=[64,32,16,8,8],train.lr=0.4' is two overrides."""
+    parts, depth, start, text = [], 0, 0, text or ""
+    for i, ch in enumerate(text):
+        depth += (ch in "[{") - (ch in "]}")
+        if ch == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    parts.append(text[start:])
+    return [s.strip() for s in parts if s.strip()]
 
 
 @click.command("bench")
@@ -221,7 +230,8 @@ def _csv(text: str | None) -> list[str]:
 @click.argument("more_checkpoints", nargs=-1)
 @click.option("--variant", "variants", multiple=True,
               help="one more training row with these comma-separated KEY=VALUE params, e.g. "
-                   "--variant train.compile=on (repeatable; the rows share one table)")
+                   "--variant train.compile=on; a list keeps its commas inside brackets: "
+                   "model.options.decoder_widths=[64,32,16,8,8] (repeatable; the rows share one table)")
 @click.option("--side-by-side", default=0, show_default=True, type=click.IntRange(min=0),
               help="also time the first preset's training in N processes side by side, each pinned to its share "
                    "of the CPUs, as `pipeline train-folds` trains the folds (0 = off)")
