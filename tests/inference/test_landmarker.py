@@ -92,7 +92,7 @@ def test_the_readme_python_api_example(viz_ws, tmp_path, monkeypatch):
     from pipeline.synth.moving_face import source_face
 
     code = _readme_example()
-    assert len(code.strip().splitlines()) == 5
+    assert len(code.strip().splitlines()) == 3
     for fold in (0, 1):
         (tmp_path / "models" / f"fold{fold}").mkdir(parents=True)
         shutil.copy(viz_ws["ckpt"], tmp_path / "models" / f"fold{fold}" / "best.pt")
