@@ -20,8 +20,9 @@ venv: $(BIN)/.installed
 # (complete: DVC reads every param a stage lists from it; git shows the change), so
 # dvc.lock, `dvc metrics show` and `dvc exp show` record what was run
 # The folds train side by side first (`pipeline train-folds`: one process per core on a CPU
-# machine, whole folds 1.14-1.20x faster than one process on 2 AVX2 cores; nothing on a GPU),
-# so the train stages of `dvc repro` find them trained and finish in seconds. TRAIN_JOBS=1 skips it.
+# machine fills the cores that an epoch's serial parts leave idle, docs/tools.md; nothing on
+# a GPU), so the train stages of `dvc repro` find them trained and finish in seconds.
+# TRAIN_JOBS=1 skips it.
 TRAIN_JOBS ?= auto
 
 repro: venv

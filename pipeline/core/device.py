@@ -106,12 +106,12 @@ def amp_dtype(amp: str, device: torch.device, key: str = "train.amp",
     """The autocast dtype, or None for fp32, for the setting of param `key`.
 
     `auto`: on CUDA bf16 where native, else fp16. On the CPU, bf16 for training
-    (`train.amp`) where the CPU has native bf16 (`NATIVE_BF16_FLAGS`; the CPU recipe trained
-    1.21x faster at the same OOF NME on a Zen 4, docs/experiments.md), else fp32: without
-    native bf16, autocast makes training many times slower (the CPU recipe's step: 7.6 against
-    80.0 img/s in fp32 on an AVX2-only Zen 4). CPU inference (`predict.amp`)
-    stays fp32 under `auto`: the measured bf16 trainings were predicted in fp32, and bf16
-    inference on the CPU has not been measured. `native_cpu_bf16` overrides the flag check (tests)."""
+    (`train.amp`) where the CPU has native bf16 (`NATIVE_BF16_FLAGS`): there the CPU recipe
+    trains faster at the same OOF NME; without it oneDNN emulates bf16 and autocast makes
+    training far slower, so fp32 (docs/experiments.md, "bf16 by default" and "An AVX2-only
+    machine"). CPU inference (`predict.amp`) stays fp32 under `auto`: the bf16 trainings were
+    predicted in fp32, and bf16 inference on the CPU has not been measured.
+    `native_cpu_bf16` overrides the flag check (tests)."""
     if amp not in ("auto", "on", "off", "bf16", "fp16"):
         raise PipelineError(params_source(key), f"{key.split('.')[-1]} must be auto|on|off|bf16|fp16, got '{amp}'")
     if amp == "off":
@@ -128,8 +128,8 @@ def amp_dtype(amp: str, device: torch.device, key: str = "train.amp",
     if device.type == "cpu" and not native and (amp, device.type) not in _WARNED:
         _WARNED.add((amp, device.type))  # once: validation resolves the setting every epoch
         log.warning("amp=%s on a CPU without native bf16 (no %s flag): autocast is usually far "
-                    "slower than fp32 here (the CPU recipe's training step: 10x slower on an AVX2 CPU; "
-                    "amp=auto picks fp32)", amp, " or ".join(NATIVE_BF16_FLAGS))
+                    "slower than fp32 here (oneDNN emulates bf16; amp=auto picks fp32)",
+                    amp, " or ".join(NATIVE_BF16_FLAGS))
     return torch.float16 if amp == "fp16" else torch.bfloat16
 
 
@@ -146,12 +146,10 @@ def use_channels_last(setting: str, device: torch.device) -> bool:
 
 
 def use_compile(setting: str) -> bool:
-    """torch.compile the training network: `auto` is off everywhere. On the 2-core CPU
-    inductor compiles for 25-60 s per fold and the fp32 step gains ~2-6%
-    (docs/benchmarks.md); in bf16 on a Zen 4 the CPU recipe's epochs ran 1.10x faster but
-    the cold compile (two graphs: the batch and an epoch's smaller last batch) took 100 s,
-    so a fresh three-fold run saves about a minute in 34 (docs/experiments.md). Not
-    measured on CUDA."""
+    """torch.compile the training network: `auto` is off everywhere. On the 2-core CPU the
+    cold compile (two graphs: the batch and an epoch's smaller last batch) takes back most or
+    all of what the faster epochs save over a fresh run, in fp32 and in bf16 (docs/benchmarks.md;
+    docs/experiments.md, "Where the bf16 step goes"). Not measured on CUDA."""
     return switch_on(setting, False, "train.compile")
 
 

@@ -2,10 +2,10 @@
 machine, each in its own `pipeline train` process pinned to its share of the cores, before
 `dvc repro` (which runs one stage at a time and holds the repo lock while it does).
 
-Why: on two 2-core AVX2 machines two one-thread processes trained whole folds 1.14x and
-1.20x faster than one two-thread process: each epoch's serial parts (loader start,
-validation, checkpoints) leave a core idle in one process, and a second process fills it
-(docs/experiments.md). Each child is the train stage's own command
+Why: two one-thread processes train whole folds faster than one two-thread process on a
+2-core CPU: each epoch's serial parts (loader start, validation, checkpoints) leave a core
+idle in one process, and a second process fills it (docs/experiments.md, "The folds side by
+side in `make repro`"). Each child is the train stage's own command
 (`pipeline train --fold F --resume --live dvclive/foldF`) with the same params, so it
 leaves a finished models/foldF/last.pt, and the train stage that `dvc repro` runs next
 resumes from it with nothing left to train and writes its outputs in seconds. The children
