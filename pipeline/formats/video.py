@@ -1,5 +1,6 @@
-"""Video files: reading frames (cv2.VideoCapture) and writing them (cv2.VideoWriter) to a temp
-folder, published by a rename when complete, so a failed run leaves no half video."""
+"""Video files: reading frames and their time stamps (cv2.VideoCapture) and writing them
+(cv2.VideoWriter) to a temp folder, published by a rename when complete, so a failed run
+leaves no half video."""
 
 from __future__ import annotations
 
@@ -44,6 +45,25 @@ def frames_of(cap: cv2.VideoCapture) -> Iterator[np.ndarray]:
         if not ok or bgr is None:
             return
         yield cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB) if bgr.ndim == 3 else cv2.cvtColor(bgr, cv2.COLOR_GRAY2RGB)
+
+
+def timed_frames_of(cap: cv2.VideoCapture, fps: float) -> Iterator[tuple[float, np.ndarray]]:
+    """(time in seconds from the first frame, RGB uint8 frame) until the stream ends. The time
+    is the frame's own time stamp (variable frame rate clips exist, so i / fps can be wrong);
+    a frame without a usable one (none, or not after the previous frame's) comes 1 / fps
+    after the previous frame."""
+    origin, prev = 0.0, -math.inf
+    for i, frame in enumerate(frames_of(cap)):
+        ms = float(cap.get(cv2.CAP_PROP_POS_MSEC))
+        if i == 0:
+            origin = ms if math.isfinite(ms) and ms >= 0 else 0.0
+            t = 0.0
+        else:
+            t = (ms - origin) / 1000 if math.isfinite(ms) else math.nan
+            if not t > prev:
+                t = prev + 1 / fps
+        prev = t
+        yield t, frame
 
 
 class AtomicVideoWriter:

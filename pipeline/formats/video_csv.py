@@ -3,9 +3,10 @@ of `pipeline make-test-video`): one row per frame and face,
 
     frame,time,face,x0,y0,x1,y1,...,x67,y67
 
-frame: 0-based frame index; time: seconds (frame / fps); face: the track id (stable while
-the face is tracked, never reused); x/y: keypoints in frame pixels (pixel centres at
-integers). Rows are sorted by frame, then face."""
+frame: 0-based frame index; time: seconds since the first frame (the frame's time stamp:
+uneven on a variable frame rate clip); face: the track id (stable while the face is tracked,
+never reused); x/y: keypoints in frame pixels (pixel centres at integers). Rows are sorted by
+frame, then face."""
 
 from __future__ import annotations
 

@@ -19,9 +19,9 @@ detector runs a second, never one per frame.
 
 One face gives one track: a detection that overlaps a track (IoU >= match_iou, or half of
 the smaller box inside the other: the detector firing on the same face at another scale)
-continues that track (it counts as found, so the track is not closed as undetected) and
-never starts a second one, and of two tracks whose keypoint boxes overlap that way the
-younger is closed."""
+continues that track (it counts as found, so the track is not closed as undetected; a
+detection far smaller than the track's box never replaces the box) and never starts a
+second one, and of two tracks whose keypoint boxes overlap that way the younger is closed."""
 
 from __future__ import annotations
 
@@ -43,6 +43,13 @@ from pipeline.keypoints.smoothing import OneEuroFilter
 # detector box: Haar's has median IoU 0.78 with them) unless the two disagree below this
 # IoU, in which case the track has drifted and restarts from the detector's box.
 REANCHOR_IOU = 0.5
+# ... and only when the detection's side (the square root of its area) is at least this share
+# of the track's box side. Between the detector firing on the same face at another scale (down
+# to half its side, which must still re-anchor a drifted track) and a false hit on a part of
+# the face (an eye, the mouth: a third of its side or less), which would shrink the track to
+# it until the next detector run. A larger detection always may: a weak model's keypoints
+# collapse towards the crop's centre, and a shrunken track is what re-anchoring is for.
+REANCHOR_MIN_SIDE = 0.4
 # Two boxes of which this share of the smaller one lies inside the other are one face (the
 # detector's boxes of one face at two scales, or two tracks that converged): a detection
 # like that never starts a track, and of two tracks like that the younger is closed. Two
@@ -186,9 +193,12 @@ class FaceTracker:
     @staticmethod
     def _found(track: Track, box: np.ndarray, overlap: float) -> None:
         """A detection `box` (IoU `overlap` with the track's box) of this track's face: no miss;
-        the track restarts from it when lost or drifted (overlap below REANCHOR_IOU)."""
+        the track restarts from it when lost or drifted (overlap below REANCHOR_IOU), unless
+        the detection is far smaller than the track's box (REANCHOR_MIN_SIDE: a lost track
+        then stays lost, and the detector tries again within retry_every frames)."""
         track.missed = 0
-        if track.lost or overlap < REANCHOR_IOU:
+        comparable = box[2] * box[3] >= REANCHOR_MIN_SIDE ** 2 * track.box[2] * track.box[3]
+        if (track.lost or overlap < REANCHOR_IOU) and comparable:
             track.box, track.detected, track.lost = box.copy(), True, False
 
     def _same_face_pairs(self, boxes: np.ndarray, matched: set[int], used: set[int]) -> list[tuple[int, int]]:

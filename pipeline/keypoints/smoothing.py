@@ -60,16 +60,29 @@ class OneEuroFilter:
         return self.x_hat.copy()
 
 
-def local_poly_weights(before: int, after: int, order: int = 2) -> np.ndarray:
-    """Weights (before + 1 + after,) that turn the samples at offsets -before..after into the
-    value at 0 of their least-squares polynomial of `order` (Savitzky and Golay 1964).
-    Centred, it has no lag: a motion that is polynomial of that order over the window passes
-    through exactly, and noise is averaged over the window. A one-sided window (a track's
-    first and last frames) fits a line instead: a quadratic extrapolated to the window's end
-    amplifies noise there rather than removing it."""
-    u = np.arange(-before, after + 1, dtype=np.float64)
-    order = min(order if before == after else 1, len(u) - 1)
+# Frame times are often stored rounded to the millisecond, and at 29.97 fps the third frame
+# lies 0.1 ms beyond 0.1 s: a frame this close past the window's edge counts as inside it.
+WINDOW_TOLERANCE_S = 1e-3
+
+
+def local_poly_fit_weights(offsets: np.ndarray, order: int = 2) -> np.ndarray:
+    """Weights (n,) that turn samples at `offsets` (n,) (any unit, 0 = where the value is
+    wanted) into the value at 0 of their least-squares polynomial of `order` (Savitzky and
+    Golay 1964 on a regular grid). An asymmetric window (a track's first and last frames)
+    fits the same order: the fit is then as unbiased as in the middle (a quadratic motion
+    passes through exactly), and the value of a least-squares fit at one of its own samples
+    never amplifies the noise (the weights' sum of squares is at most 1), it only removes
+    less of it. Too few distinct offsets for `order`: the highest order they determine."""
+    u = np.asarray(offsets, dtype=np.float64)
+    order = min(order, len(np.unique(u)) - 1)
     return np.linalg.pinv(np.vander(u, order + 1, increasing=True))[0]
+
+
+def local_poly_weights(before: int, after: int, order: int = 2) -> np.ndarray:
+    """`local_poly_fit_weights` of the frames at offsets -before..after. Centred, it has no
+    lag: a motion that is polynomial of that order over the window passes through exactly,
+    and noise is averaged over the window."""
+    return local_poly_fit_weights(np.arange(-before, after + 1), order)
 
 
 def local_poly_at(xs: np.ndarray, t: int, half: int, order: int = 2) -> np.ndarray:
@@ -77,6 +90,31 @@ def local_poly_at(xs: np.ndarray, t: int, half: int, order: int = 2) -> np.ndarr
     t - half .. t + half (clipped to the sequence)."""
     lo, hi = max(0, t - half), min(len(xs), t + half + 1)
     return np.tensordot(local_poly_weights(t - lo, hi - 1 - t, order), np.asarray(xs[lo:hi], dtype=np.float64), axes=1)
+
+
+def in_window(times: np.ndarray, t: float, half_s: float) -> np.ndarray:
+    """Mask of the `times` within +-half_s of t (WINDOW_TOLERANCE_S included)."""
+    return np.abs(np.asarray(times, dtype=np.float64) - t) <= half_s + WINDOW_TOLERANCE_S
+
+
+def local_poly_in_time(xs: np.ndarray, times: np.ndarray, i: int, half_s: float, order: int = 2) -> np.ndarray:
+    """The local-polynomial value of sequence xs (T, ...) sampled at `times` (T,) (seconds) at
+    times[i]: the polynomial is fitted in time over the samples within +-half_s of it, so a
+    variable frame rate is smoothed as its time stamps say. half_s 0: xs[i] itself."""
+    if half_s <= 0:
+        return np.asarray(xs[i], dtype=np.float64).copy()
+    times = np.asarray(times, dtype=np.float64)
+    near = in_window(times, times[i], half_s)
+    # offsets in half windows: the Vandermonde matrix stays well conditioned at any fps
+    w = local_poly_fit_weights((times[near] - times[i]) / half_s, order)
+    return np.tensordot(w, np.asarray(xs, dtype=np.float64)[near], axes=1)
+
+
+def window_counts(times: np.ndarray, half_s: float) -> np.ndarray:
+    """How many of `times` (T,), sorted, lie within +-half_s of each (itself included)."""
+    t = np.asarray(times, dtype=np.float64)
+    reach = half_s + WINDOW_TOLERANCE_S
+    return np.searchsorted(t, t + reach, side="right") - np.searchsorted(t, t - reach, side="left")
 
 
 def smooth_sequence(xs: np.ndarray, fps: float, min_cutoff: float, beta: float, d_cutoff: float,

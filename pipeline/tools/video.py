@@ -8,6 +8,7 @@ defaults (`score_video`, `measure_smoothing` for `pipeline bench`'s video sectio
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import logging
 import os
@@ -26,12 +27,12 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, write_csv
 from pipeline.detection.detectors import get_detector
 from pipeline.formats.images import write_png
-from pipeline.formats.video import AtomicVideoWriter, frames_of, open_video
+from pipeline.formats.video import AtomicVideoWriter, open_video, timed_frames_of
 from pipeline.formats.video_csv import read_video_csv, write_video_csv
 from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.tracking import FaceTracker, box_constants
 from pipeline.keypoints.draw import contact_sheet, draw_faces, put_label
-from pipeline.keypoints.smoothing import OneEuroFilter, local_poly_at
+from pipeline.keypoints.smoothing import WINDOW_TOLERANCE_S, OneEuroFilter, local_poly_in_time, window_counts
 from pipeline.keypoints.temporal import (
     lag,
     lag_along_motion,
@@ -43,6 +44,10 @@ from pipeline.synth.moving_face import TEST_PHOTO, make_test_video
 from pipeline.tools.viz import face_tile
 
 log = logging.getLogger(__name__)
+
+# A least-squares quadratic through 3 frames passes through all of them: the poly window
+# smooths a frame only when it holds at least this many.
+POLY_MIN_FRAMES = 4
 
 
 # ------------------------------------------------------------------------------ tracking a video
@@ -77,9 +82,12 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
     predict = landmarker.predict
 
     cap, fps, declared = open_video(src)
-    # "poly": a centred local quadratic over +-half frames (no lag, `half` frames of latency);
-    # "one_euro": causal, smoothed as each frame comes
-    half = round(vcfg.half_window_s * fps) if vcfg.filter == "poly" else 0
+    # "poly": a centred local quadratic in time over the frames within +-half_s of each frame's
+    # time stamp (no lag, half_s of latency); "one_euro": causal, smoothed as each frame comes
+    half_s = vcfg.half_window_s if vcfg.filter == "poly" else 0.0
+    # a row is smoothed once a frame later than this past it has been seen (or its track
+    # closed); its window is sliced as wide, local_poly_in_time then keeps the frames within it
+    reach = half_s + 2 * WINDOW_TOLERANCE_S
     smoother = ((lambda: OneEuroFilter(vcfg.min_cutoff, vcfg.beta, vcfg.d_cutoff))
                 if vcfg.filter == "one_euro" else None)
     tracker = FaceTracker(detect, predict, box_from_points=box_constants(vcfg), detect_every=vcfg.detect_every,
@@ -91,23 +99,23 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
     kept: dict[int, tuple[np.ndarray, ...]] = {}  # frame -> (raw, smoothed)
     keep_frames = set(keep)
     track_rows: dict[int, list[int]] = {}  # face id -> its rows, in frame order (open tracks)
+    track_times: dict[int, list[float]] = {}  # face id -> the times of its rows
     done: dict[int, int] = {}  # face id -> how many of its rows are smoothed
     pending: list[tuple[int, np.ndarray, list[int]]] = []  # frames not yet drawn: (index, image, rows)
 
-    def settle(i: int, live: set[int]) -> None:
-        """Smooth every row whose window is complete (half frames after it seen, or its track
-        closed), then draw the frames whose rows are all smoothed."""
+    def settle(now: float, live: set[int]) -> None:
+        """Smooth every row whose window is complete (a frame more than `reach` after it seen,
+        or its track closed), then draw the frames whose rows are all smoothed."""
         for fid in list(track_rows):
-            rs, j = track_rows[fid], done.get(fid, 0)
-            stop = len(rs) - half if fid in live else len(rs)
-            while smoother is None and j < stop:
-                lo = max(0, j - half)
-                window = np.asarray([rows["raw"][r] for r in rs[lo:j + half + 1]])
-                rows["smoothed"][rs[j]] = local_poly_at(window, j - lo, half)
+            rs, ts, j = track_rows[fid], track_times[fid], done.get(fid, 0)
+            while smoother is None and j < len(rs) and (fid not in live or ts[j] + reach < now):
+                lo, hi = bisect.bisect_left(ts, ts[j] - reach), bisect.bisect_right(ts, ts[j] + reach)
+                window = np.asarray([rows["raw"][r] for r in rs[lo:hi]])
+                rows["smoothed"][rs[j]] = local_poly_in_time(window, np.asarray(ts[lo:hi]), j - lo, half_s)
                 j += 1
             done[fid] = j
             if fid not in live:
-                del track_rows[fid]  # closed, every row smoothed
+                del track_rows[fid], track_times[fid]  # closed, every row smoothed
         while pending and all(rows["smoothed"][r] is not None for r in pending[0][2]):
             j, image, rs = pending.pop(0)
             if writer is not None:
@@ -120,19 +128,21 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
 
     t0 = time.perf_counter()
     n = 0
+    times: list[float] = []  # every frame's, for the warning on clips too slow to smooth
     spent_on: list[float] = []  # seconds per frame, end to end (decode of the next frame included)
     last = t0
     try:
-        frames: Iterable[np.ndarray] = frames_of(cap)
+        frames: Iterable[tuple[float, np.ndarray]] = timed_frames_of(cap, fps)
         if progress:
             frames = tqdm(frames, total=declared or None, desc="predict-video", unit="frame")
-        for i, frame in enumerate(frames):
-            t = i / fps
+        for i, (t, frame) in enumerate(frames):
+            times.append(t)
             active = tracker.step(i, t, frame)
             these = []
             for tr in active:
                 these.append(len(rows["frame"]))
                 track_rows.setdefault(tr.id, []).append(len(rows["frame"]))
+                track_times.setdefault(tr.id, []).append(t)
                 rows["frame"].append(i)
                 rows["time"].append(t)
                 rows["face"].append(tr.id)
@@ -141,7 +151,7 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
                 rows["side"].append(float(max(tr.box[2], tr.box[3])))
                 rows["box"].append(tr.box.copy())
             pending.append((i, frame, these))
-            settle(i, {tr.id for tr in active})
+            settle(t, {tr.id for tr in active})
             n = i + 1
             now = time.perf_counter()
             spent_on.append(now - last)
@@ -149,7 +159,7 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
         if n == 0:
             raise PipelineError(src, "no frame could be decoded")
         tracker.close_all()
-        settle(n, set())
+        settle(float("inf"), set())
         if writer is not None:
             writer.publish()
     except BaseException:
@@ -158,6 +168,8 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
         raise
     finally:
         cap.release()
+    if smoother is None and half_s > 0:
+        warn_if_too_slow(src, np.asarray(times), half_s)
     spent = time.perf_counter() - t0
     k = schema.k
     out = {"fps": fps, "frames": n, "seconds": spent, "detections": tracker.detections, "kept": kept,
@@ -172,6 +184,20 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
     out["side"] = np.asarray(rows["side"], dtype=np.float64)
     out["box"] = np.asarray(rows["box"], dtype=np.float64).reshape(-1, 4)
     return out
+
+
+def warn_if_too_slow(src: str | os.PathLike, times: np.ndarray, half_s: float) -> None:
+    """One warning when most frames' poly window (+-half_s around them) holds fewer than
+    POLY_MIN_FRAMES frames: their keypoints come out as raw as they went in."""
+    if len(times) < 2:
+        return
+    short = int((window_counts(times, half_s) < POLY_MIN_FRAMES).sum())
+    if 2 * short > len(times):
+        gap = float(np.median(np.diff(times)))
+        log.warning("%s: frames %.3g s apart: on %d of %d frames +-%g s (video.half_window_s) holds fewer than the "
+                    "%d frames a local quadratic needs to smooth, so their keypoints stay raw; set "
+                    "video.half_window_s to %.3g or more to smooth this clip", src, gap, short, len(times), half_s,
+                    POLY_MIN_FRAMES, 2 * gap)
 
 
 def run_predict_video(cfg: Config, src: str, checkpoints: Sequence[str], out: str | None = None,

@@ -221,6 +221,29 @@ def test_a_detection_of_the_tracked_face_at_another_scale_keeps_the_track_alive(
         assert np.allclose(boxes[0], inner) == (f in (2, 4, 6, 8, 10)), f
 
 
+
+def test_a_small_detection_inside_a_tracks_box_does_not_replace_it(tpl):
+    # the detector finds the face on frame 0, then only a box of 0.15 its side at the face's
+    # centre (a false hit on a part of the face: all of it inside the track's box, IoU 0.02).
+    # The track keeps its id and its box from the keypoints: a box that small is no
+    # re-anchoring of the face, it would shrink the track to it until the next detector run
+    scene = Scene(tpl, {"a": lambda i: (40 + i, 50, 2.0)})
+    detect = scene.detect
+
+    def small_after_0(image):
+        boxes = detect(image)
+        if scene.frame == 0:
+            return boxes
+        return np.concatenate([boxes[:, :2] + 0.425 * boxes[:, 2:], 0.15 * boxes[:, 2:]], axis=1)
+
+    scene.detect = small_after_0
+    tracker, frames = scene.run(12, detect_every=2, max_missed=1)
+    assert scene.detect_calls == [0, 2, 4, 6, 8, 10]
+    assert [t.id for t in tracker.closed] == [0] and all(list(f) == [0] for f in frames)
+    for f, boxes in scene.boxes_seen[1:]:  # every frame's box is the last keypoints' box
+        np.testing.assert_allclose(boxes[0], points_to_box(scene.truth(f - 1)["a"], C)[0], atol=1e-9)
+
+
 REAL_VIDEO = Path(__file__).resolve().parents[3] / "shared" / "data" / "real-video"
 
 

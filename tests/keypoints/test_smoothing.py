@@ -5,7 +5,13 @@ import numpy as np
 import pytest
 
 from pipeline.detection.haar import cascade_available
-from pipeline.keypoints.smoothing import OneEuroFilter, smooth_sequence, smoothing_factor
+from pipeline.keypoints.smoothing import (
+    OneEuroFilter,
+    local_poly_at,
+    local_poly_weights,
+    smooth_sequence,
+    smoothing_factor,
+)
 
 needs_haar = pytest.mark.skipif(not cascade_available(), reason="this OpenCV has no Haar cascade (OpenCV 5)")
 C = {"w_scale": 1.0, "h_scale": 1.12, "dx": 0.0, "dy": -0.06}
@@ -55,3 +61,22 @@ def test_one_euro_first_sample_passes_and_speed_is_per_face_size():
     np.testing.assert_allclose(10 * ya, yb)
     with pytest.raises(ValueError):
         OneEuroFilter(0.0, 1.0, 1.0)
+
+
+def test_local_quadratic_has_no_bias_at_a_tracks_ends():
+    # a pure quadratic trajectory passes through exactly on every frame, the first and last
+    # three included: an edge window with enough points fits the interior's order (a line
+    # there is biased by a multiple of the acceleration, largest on the third frame from an end)
+    t = np.arange(15, dtype=float)
+    x = 0.15 * t ** 2 - 2 * t + 1  # acceleration 0.3 px/frame^2
+    smoothed = np.array([local_poly_at(x, i, 3) for i in range(15)])
+    np.testing.assert_allclose(smoothed, x, rtol=0, atol=1e-9)
+    # fitted, not interpolated, at the ends: the value at a sample of a least-squares fit
+    # never amplifies the noise (weights' sum of squares <= 1) and averages it from 5 points on
+    for before, after in ((0, 3), (1, 3), (2, 3), (3, 0), (3, 2)):
+        w = local_poly_weights(before, after)
+        assert w.sum() == pytest.approx(1) and (w ** 2).sum() <= 1 + 1e-12
+        if before + after + 1 >= 5:
+            assert (w ** 2).sum() < 0.9
+    # too few points for a quadratic (a track two frames long): the highest order they fix
+    np.testing.assert_allclose([local_poly_at(x[:2], i, 3) for i in range(2)], x[:2], atol=1e-12)

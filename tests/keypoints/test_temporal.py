@@ -91,5 +91,5 @@ def test_centred_local_quadratic_passes_a_quadratic_motion_without_lag_and_avera
     np.testing.assert_allclose([local_poly_at(x, i, 3) for i in range(3, 12)], x[3:12], atol=1e-9)
     w = local_poly_weights(3, 3)
     assert w.sum() == pytest.approx(1) and (w ** 2).sum() < 0.35  # noise variance x 0.33 at the centre
-    # a one-sided window (a track's last frames) fits a line: exact on linear motion
+    # a one-sided window (a track's last frame) fits the same quadratic: exact on linear motion too
     assert local_poly_at(2 * t, 14, 3) == pytest.approx(28)

@@ -1,6 +1,7 @@
 """predict-video end to end on the project's own test video, and make-test-video."""
 
 import json
+import logging
 
 import cv2
 import numpy as np
@@ -9,10 +10,13 @@ import pytest
 from pipeline.core.config import load_config
 from pipeline.core.errors import PipelineError
 from pipeline.detection.haar import cascade_available
-from pipeline.formats.video import open_video
+from pipeline.formats.video import open_video, write_mp4
 from pipeline.formats.video_csv import read_video_csv
 from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.tracking import box_constants, points_to_box
+from pipeline.keypoints.schema import IBUG68
 from pipeline.stages.train import fit
+from pipeline.synth.face import TEMPLATE
 from pipeline.synth.moving_face import make_test_video, source_face
 from pipeline.tools.video import _as_pred, clip_stats, score_video, track_video
 
@@ -176,3 +180,80 @@ def test_video_stats_writes_one_row_per_clip(tiny_model, videos, tmp_path):
     assert cells["frames"] == "12" and cells["tracks"] == "1" and float(cells["lag_delay_frames"]) == 0
     assert rows[0].endswith(",lag_offset_pct,lag_delay_frames,lag_along_motion_pct")
     assert np.isfinite(float(cells["lag_along_motion_pct"]))  # 12 frames: the +-5-frame baseline fits
+
+
+class NoisyStillFace:
+    """A stand-in landmarker: one 60 px face at a fixed place, with fresh noise on every call
+    (one call per frame), so the smoothing has something to remove; `detect` finds its box."""
+
+    schema = IBUG68
+
+    def __init__(self, vcfg, seed=0):
+        self.rng = np.random.default_rng(seed)
+        p = TEMPLATE[:, :2]
+        self.face = (p - p.min(0)) / (p.max(0) - p.min(0)) * 60 + 50
+        self.box = points_to_box(self.face, box_constants(vcfg))
+
+    def predict(self, image, boxes):
+        return np.stack([self.face + self.rng.normal(0, 0.5, self.face.shape) for _ in boxes])
+
+    def detect(self, image):
+        return self.box
+
+
+class TimedCapture:
+    """A capture whose frames carry the given time stamps (ms), as a variable frame rate
+    clip's do; it declares 25 fps."""
+
+    def __init__(self, ms):
+        self.ms, self.i = list(ms), 0
+
+    def read(self):
+        if self.i >= len(self.ms):
+            return False, None
+        self.i += 1
+        return True, np.zeros((160, 160, 3), np.uint8)
+
+    def get(self, prop):
+        return float(self.ms[self.i - 1]) if prop == cv2.CAP_PROP_POS_MSEC and self.i else 0.0
+
+    def release(self):
+        pass
+
+
+def test_poly_smoothing_windows_in_seconds_of_the_frames_time_stamps(monkeypatch):
+    # frames 15, 25 and 90 ms apart in turn (a variable frame rate clip declaring 25 fps): each
+    # frame's smoothed points are the value at its time of the least-squares quadratic in time
+    # through the frames within +-half_window_s of it (no frame lies near the window's edge)
+    ms = np.cumsum([0] + [15, 25, 90] * 10)
+    monkeypatch.setattr("pipeline.tools.video.open_video", lambda src: (TimedCapture(ms), 25.0, len(ms)))
+    vcfg = load_config(None, []).video
+    assert vcfg.filter == "poly" and vcfg.half_window_s == 0.1
+    face = NoisyStillFace(vcfg)
+    res = track_video("vfr.mp4", face, vcfg, progress=False, detect=face.detect)
+    assert res["frame"].tolist() == list(range(len(ms))) and set(res["face"].tolist()) == {0}
+    np.testing.assert_allclose(res["time"], ms / 1000, rtol=0, atol=1e-12)
+    t, raw = ms / 1000, res["raw"].reshape(len(ms), -1)
+    for i in range(len(ms)):
+        near = np.abs(t - t[i]) <= 0.1
+        want = np.polyfit(t[near] - t[i], raw[near], min(2, near.sum() - 1))[-1]
+        np.testing.assert_allclose(res["smoothed"][i].reshape(-1), want, rtol=0, atol=1e-6, err_msg=f"frame {i}")
+    assert np.abs(res["smoothed"] - res["raw"]).max() > 0.1  # it did smooth
+
+
+def test_a_clip_too_slow_to_smooth_warns_and_a_normal_one_does_not(tmp_path, caplog):
+    vcfg = load_config(None, []).video
+    frames = [np.zeros((160, 160, 3), np.uint8)] * 12
+    for fps in (4.0, 25.0):
+        clip = write_mp4(tmp_path / f"at{fps:g}.mp4", frames, fps)
+        face = NoisyStillFace(vcfg)
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            res = track_video(clip, face, vcfg, progress=False, detect=face.detect)
+        np.testing.assert_allclose(res["time"], np.arange(12) / fps, atol=1e-9)
+        warned = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+        if fps == 4.0:  # frames 0.25 s apart: +-0.1 s holds the frame alone, nothing is smoothed
+            assert len(warned) == 1 and str(clip) in warned[0] and "video.half_window_s" in warned[0], warned
+            np.testing.assert_array_equal(res["smoothed"], res["raw"])
+        else:
+            assert warned == [] and np.abs(res["smoothed"] - res["raw"]).max() > 0.1
