@@ -23,11 +23,14 @@ venv: $(BIN)/.installed
 # machine fills the cores that an epoch's serial parts leave idle, docs/tools.md; nothing on
 # a GPU), so the train stages of `dvc repro` find them trained and finish in seconds.
 # TRAIN_JOBS=1 skips it.
+# The extra training faces (crop-extra@NAME, one per data.extra_train entry) are cropped
+# before it; the glob matches nothing without extras (a plain target that names no stage
+# would make `dvc repro` run the whole pipeline, trainings included).
 TRAIN_JOBS ?= auto
 
 repro: venv
 	$(if $(RECIPE),$(BIN)/pipeline params --recipe $(RECIPE) --out params.yaml)
-	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro dvc.yaml:folds
+	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro --glob dvc.yaml:folds 'dvc.yaml:crop-extra@*'
 	$(BIN)/pipeline train-folds --jobs $(TRAIN_JOBS)
 	PATH=$(abspath $(BIN)):$$PATH $(BIN)/dvc repro
 
@@ -49,4 +52,4 @@ gpu-check: venv
 	$(BIN)/python -m pipeline.tools.gpu_check $(GPU_CHECK_ARGS)
 
 clean:
-	rm -rf data/cache data/demo models predictions metrics dvclive
+	rm -rf data/cache data/demo data/extra/*/ models predictions metrics dvclive

@@ -15,6 +15,7 @@ from pipeline.core.errors import PipelineError
 COMMANDS = {
     "demo-data": "pipeline.stages.demo:demo_data_cmd",
     "crop": "pipeline.stages.crop:crop_cmd",
+    "crop-extra": "pipeline.stages.crop:crop_extra_cmd",
     "folds": "pipeline.stages.folds:folds_cmd",
     "models": "pipeline.cli:models_cmd",
     "train": "pipeline.stages.train:train_cmd",

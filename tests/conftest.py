@@ -53,6 +53,21 @@ def tiny_workspace(tmp_path_factory, demo_dir) -> Path:
     return ws
 
 
+@pytest.fixture(scope="session")
+def extra_ws(tmp_path_factory, demo_dir, tiny_workspace) -> dict:
+    """A second demo set (another seed, 12 training faces) as data.extra_train's `more`,
+    cropped like tiny_workspace's cache into <root>/more: {"folder", "root", "sets"}, sets
+    = the overrides that name it (data.dir = demo_dir, the 32 px crop)."""
+    from pipeline.stages.crop import run_crop_extra
+    from pipeline.synth.layout import generate_demo
+
+    base = tmp_path_factory.mktemp("extra")
+    folder = generate_demo(base / "more", n_train=12, n_test=1, seed=11)
+    sets = [f"data.dir={demo_dir}", "crop.side=32", "crop.n_jobs=1", f"data.extra_train.more={folder}"]
+    run_crop_extra(load_config(None, sets), "more", base / "extra" / "more", tiny_workspace / "cache")
+    return {"folder": folder, "root": base / "extra", "sets": sets}
+
+
 @pytest.fixture
 def make_dataset(tmp_path):
     """Factory for small on-disk data sets in the competition layout:

@@ -649,6 +649,99 @@ def solution_too_short(demo_dir, tmp):
 
 
 
+# extra training folders (data.extra_train) -----------------------------------------------
+
+
+def _crop_extra_case(demo_dir, tmp, ws, *sets: str) -> Case:
+    """`pipeline crop-extra more` beside the tiny main cache (cropped from demo_dir)."""
+    out = tmp / "extra_out"
+    argv = ["crop-extra", "more", "--out", str(out), "--cache", str(ws / "cache"), *CROP_SETS,
+            "--set", f"data.dir={demo_dir}"]
+    for s in sets:
+        argv += ["--set", s]
+    return Case(argv, [], "", out)
+
+
+def extra_folder_given_twice(demo_dir, tmp, tiny_workspace, extra_ws):
+    folder = extra_ws["folder"]
+    case = _crop_extra_case(demo_dir, tmp, tiny_workspace, f"data.extra_train={{more: {folder}, again: {folder}/.}}")
+    case.names = ["--set data.extra_train="]
+    case.problem = r"'data.extra_train.more' and 'data.extra_train.again' are the same folder"
+    return case
+
+
+def extra_folder_is_data_dir(demo_dir, tmp, tiny_workspace):
+    case = _crop_extra_case(demo_dir, tmp, tiny_workspace, f"data.extra_train.more={demo_dir}")
+    case.names, case.problem = [f"--set data.extra_train.more={demo_dir}"], r"'data.extra_train.more' is data.dir"
+    return case
+
+
+def extra_folder_missing(demo_dir, tmp, tiny_workspace):
+    case = _crop_extra_case(demo_dir, tmp, tiny_workspace, f"data.extra_train.more={tmp / 'nowhere'}")
+    case.names = [str(tmp / "nowhere")]
+    case.problem = r"extra training folder not found \(data.extra_train.more\)"
+    return case
+
+
+def extra_xml_truncated(demo_dir, tmp, tiny_workspace, extra_ws):
+    ds = tmp / "more"
+    shutil.copytree(extra_ws["folder"], ds)
+    xml = ds / TRAIN_XML
+    xml.write_bytes(xml.read_bytes()[: xml.stat().st_size // 2])
+    case = _crop_extra_case(demo_dir, tmp, tiny_workspace, f"data.extra_train.more={ds}")
+    case.names, case.problem = [str(xml)], r"malformed XML"
+    return case
+
+
+def extra_photo_of_the_main_folder(demo_dir, tmp, tiny_workspace, extra_ws):
+    """A photo of data.dir in an extra folder: its faces would be trained on and validated."""
+    ds = tmp / "more"
+    shutil.copytree(extra_ws["folder"], ds)
+    main_rel, rel = _first_image(demo_dir / TEST_XML), _first_image(ds / TRAIN_XML)
+    shutil.copy(demo_dir / main_rel, ds / rel)
+    case = _crop_extra_case(demo_dir, tmp, tiny_workspace, f"data.extra_train.more={ds}")
+    case.names, case.problem = [str(ds / rel), str(demo_dir / main_rel)], r"the same photo as .* of data.dir"
+    return case
+
+
+def _train_extra_case(tmp, ws, root: Path, *sets: str) -> Case:
+    case = _train_case(tmp, ws, ws / "folds.csv", "crop.side=32", "train.epochs=1", "train.batch_size=8", *sets)
+    case.argv += ["--extra", str(root)]
+    return case
+
+
+def extra_photo_in_two_extras(demo_dir, tmp, tiny_workspace, extra_ws):
+    """Two extra folders holding one photo: its faces would be trained on twice."""
+    from pipeline.core.config import load_config
+    from pipeline.stages.crop import run_crop_extra
+
+    twin, root = tmp / "twin", tmp / "extra"
+    shutil.copytree(extra_ws["folder"], twin)
+    shutil.copytree(extra_ws["root"] / "more", root / "more")
+    sets = [*extra_ws["sets"], f"data.extra_train.twin={twin}"]
+    run_crop_extra(load_config(None, sets), "twin", root / "twin", tiny_workspace / "cache")
+    case = _train_extra_case(tmp, tiny_workspace, root, *sets)
+    rel = _first_image(twin / TRAIN_XML)
+    case.names = [str(twin / rel), str(extra_ws["folder"] / rel)]
+    case.problem = r"the same photo as .* \(data.extra_train.more and .twin\)"
+    return case
+
+
+def extra_cache_missing(tmp, tiny_workspace, extra_ws):
+    case = _train_extra_case(tmp, tiny_workspace, tmp / "extra", *extra_ws["sets"])
+    case.names = [str(tmp / "extra" / "more")]
+    case.problem = r"no face cache of data.extra_train.more \(run `dvc repro`, or `pipeline crop-extra more`\)"
+    return case
+
+
+def extra_cache_stale(tmp, tiny_workspace, extra_ws):
+    """The extra cropped at expand 1.25, trained under crop.expand 1.3."""
+    case = _train_extra_case(tmp, tiny_workspace, extra_ws["root"], *extra_ws["sets"], "crop.expand=1.3")
+    case.names = [str(extra_ws["root"] / "more")]
+    case.problem = r"stale face cache of data.extra_train.more: cropped with other data or crop params \(run `dvc"
+    return case
+
+
 # where output goes ----------------------------------------------------------------------
 
 
@@ -777,6 +870,8 @@ CASES = {f.__name__: f for f in (
     submit_out_dir_is_a_file, score_json_parent_is_a_file, submission_name_nul_byte, output_path_nul_byte,
     submission_id_beyond_int64, submission_id_huge_within_int64, checkpoint_absurd_input_size,
     folds_fold_number_absurd, checkpoint_bad_in_second_fold, score_json_is_a_directory, demo_out_is_a_file,
+    extra_folder_given_twice, extra_folder_is_data_dir, extra_folder_missing, extra_xml_truncated,
+    extra_photo_of_the_main_folder, extra_photo_in_two_extras, extra_cache_missing, extra_cache_stale,
 )}
 
 
@@ -862,7 +957,8 @@ def test_malicious_payload_is_live(tmp_path):
 
 @pytest.mark.parametrize("name", ["xml_truncated", "image_corrupt_jpeg_parallel", "params_unknown_key",
                                   "submission_nan", "checkpoint_malicious_pickle", "box_absurdly_large",
-                                  "submit_out_dir_is_a_file", "submit_xml_is_a_directory"])
+                                  "submit_out_dir_is_a_file", "submit_xml_is_a_directory",
+                                  "extra_photo_of_the_main_folder"])
 def test_real_process(name, request, tmp_path):
     """The same check on the real stderr of a `python -m pipeline` process."""
     case = _build(name, request, tmp_path)

@@ -110,9 +110,11 @@ def _digest(path: Path) -> str:
 
 
 def tiny_project(root: Path, tiny: dict, files=("dvc.yaml",)) -> dict[str, str]:
-    """Copy this checkout's pipeline and `files` into `root`, with params.yaml's sections
-    updated by `tiny`; returns the environment that runs this checkout's `pipeline` there."""
-    for name in files:
+    """Copy this checkout's pipeline and `files` (and data/extra/README.md, which a fresh
+    clone has) into `root`, with params.yaml's sections updated by `tiny`; returns the
+    environment that runs this checkout's `pipeline` there."""
+    for name in (*files, "data/extra/README.md"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy(REPO / name, root / name)
     shutil.copytree(REPO / "pipeline", root / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
     params = yaml.safe_load((REPO / "params.yaml").read_text())
@@ -207,6 +209,65 @@ def test_every_param_change_reruns_its_stage(dvc_project):
     assert lock["crop"]["params"]["params.yaml"]["crop.side"] == 24  # params listed key by key
 
 
+def test_crop_reads_every_data_param_but_the_extra_folders():
+    """The main crop lists each data param it reads, not data.extra_train (crop-extra's):
+    adding an extra folder re-crops nothing of the main set."""
+    from pipeline.core.config import section_fields
+
+    params = _stages()["crop"]["params"]
+    assert {p for p in params if p.startswith("data")} == {f"data.{k}" for k in section_fields("data")} - \
+        {"data.extra_train"}
+
+
+def _makefile_cropping_command() -> list[str]:
+    """The arguments of `make repro`'s first `dvc repro`: the stages before train-folds."""
+    line = next(ln for ln in (REPO / "Makefile").read_text().splitlines() if "dvc repro --glob" in ln)
+    return [a.strip("'") for a in line.split("dvc repro", 1)[1].split()]
+
+
+def test_extra_training_faces_through_dvc_repro(tmp_path):
+    """With no extra (the default) `make repro`'s first command runs the stages up to the
+    folds and no training, and `dvc repro` runs everything; naming an extra folder runs
+    its crop-extra stage there and re-trains, leaving the main cache as it was; the
+    checkpoint names the extra cache it trained on."""
+    import torch
+
+    dvc = _dvc_bin()
+    if dvc is None:
+        pytest.skip("dvc is not installed")
+    root = tmp_path / "proj"
+    root.mkdir()
+    env = tiny_project(root, TINY)
+
+    def run(*args: str) -> list[str]:
+        r = subprocess.run([dvc, *args], cwd=root, env=env, capture_output=True, text=True, timeout=600)
+        assert r.returncode == 0, (args, r.stdout[-3000:], r.stderr[-3000:])
+        return [line for line in (r.stdout + r.stderr).splitlines() if line.startswith("Running stage")]
+
+    run("init", "--no-scm", "-q")
+    before_train = _makefile_cropping_command()
+    assert run("repro", *before_train) == [f"Running stage '{s}':" for s in ("demo-data", "crop", "folds")]
+    assert "Running stage 'train@0':" in run("repro")
+    main_cache = _digest(root / "data" / "cache")
+
+    r = subprocess.run([sys.executable, "-m", "pipeline", "demo-data", "more", "--set", "demo.n_train=12",
+                        "--set", "demo.n_test=1", "--set", "demo.seed=7"], cwd=root, env=env, capture_output=True,
+                       text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["data"]["extra_train"] = {"more": "more"}
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    assert run("repro", *before_train) == ["Running stage 'crop-extra@more':"]
+    ran = run("repro")
+    assert "Running stage 'train@0':" in ran and not {"Running stage 'crop':", "Running stage 'folds':"} & set(ran)
+    assert _digest(root / "data" / "cache") == main_cache
+    info = json.loads((root / "data" / "extra" / "more" / "info.json").read_text())
+    assert info["n"] == 12 and (root / "data" / "extra" / "README.md").exists()
+    ck = torch.load(root / "models" / "fold0" / "last.pt", weights_only=True)
+    assert ck["extra_train"] == {"more": info["run"]}
+    assert run("repro") == []
+
+
 def test_control_dvc_run_cache_ignores_a_param_named_size(tmp_path):
     """Why crop.size was renamed: with the installed DVC a stage whose param `size` changed
     is restored from the run cache with its old output. Skips once DVC is fixed."""
@@ -274,6 +335,22 @@ def test_files_dvc_leaves_to_git_are_not_git_ignored(tmp_path):
     assert r.returncode == 1, f".gitignore hides {r.stdout.split()} from experiment commits"
     control = subprocess.run(["git", "check-ignore", "--no-index", "-q", "models/fold0/best.pt"], cwd=tmp_path)
     assert control.returncode == 0  # the check does see ignored paths
+
+
+def test_data_extra_is_in_git_and_its_caches_are_not(tmp_path):
+    """The train stages depend on the folder data/extra: a fresh clone has it (its tracked
+    README), while the caches crop-extra writes there are ignored like data/cache."""
+    if shutil.which("git") is None:
+        pytest.skip("git is not installed")
+    assert "data/extra" in _stages()["train"]["deps"]
+    shutil.copy(REPO / ".gitignore", tmp_path / ".gitignore")
+    subprocess.run(["git", "init", "-q"], cwd=tmp_path, check=True)
+
+    def ignored(path: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "--no-index", "-q", path], cwd=tmp_path).returncode == 0
+
+    assert not ignored("data/extra/README.md") and (REPO / "data" / "extra" / "README.md").is_file()
+    assert ignored("data/extra/lfpw/faces.npy") and ignored("data/cache/train/faces.npy") and ignored("data/demo")
 
 
 # the smallest pipeline that still trains, predicts, submits and scores: 16 demo faces,

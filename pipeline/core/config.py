@@ -20,11 +20,21 @@ from typing import Any, Iterable, Literal, Optional, get_args, get_origin
 
 import click
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 from pydantic.fields import FieldInfo
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import input_file, write_text
+from pipeline.core.paths import DEMO_DIR
 
 # What a param may change, beyond its value being recorded:
 #   speed_only: how fast a stage runs, never a byte of what it writes: left out of the
@@ -72,6 +82,11 @@ class Section(BaseModel):
         return out
 
 
+class ParamValueError(ValueError):
+    """A validator's complaint that is already the whole sentence (it names the keys at
+    fault), shown as it is instead of the field's generic requirement."""
+
+
 def switch_on(value: str, auto: bool, key: str) -> bool:
     """A switch's setting as a bool: on, off, or `auto` (the field's documented choice, which
     the caller knows). The one place "auto"/"on"/"off" is read; a bad value (from code that
@@ -100,6 +115,10 @@ def is_runtime(field: FieldInfo) -> bool:
     return bool(_extra(field).get(RUNTIME_MARK))
 
 
+# a data.extra_train name: a DVC stage item (crop-extra@NAME), an argument and a folder name
+EXTRA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+
+
 with warnings.catch_warnings():  # `schema` shadows BaseModel's deprecated classmethod, on purpose
     warnings.filterwarnings("ignore", message='Field name "schema"')
 
@@ -116,6 +135,42 @@ with warnings.catch_warnings():  # `schema` shadows BaseModel's deprecated class
         # in x (the flip maps x -> W - 1 - x) and biases predictions by -origin px in x
         label_origin: float = param(0.0, "coordinate of the first pixel's centre in the labels: 0 = dlib / OpenCV, "
                                          "1 = 1-based (300-W .pts)", ge=-1e3, le=1e3)
+        # train-only faces: each folder is in the competition layout with its own train_xml
+        # (same schema, label_origin and crop as data.dir); `pipeline crop-extra NAME` caches
+        # it in data/extra/NAME, and its faces join the training side of every fold
+        extra_train: dict[str, str] = param(
+            {}, "extra training faces, never validated: {name: folder with its own train_xml}, folders relative "
+                "to the repo root or absolute (docs/recipes.md, Adding your own training faces)",
+            must="a mapping of names (letters, digits, _ and -, not starting with -) to distinct folders, "
+                 "none of them data.dir")
+
+        @field_validator("extra_train", mode="before")
+        @classmethod
+        def _null_extras(cls, v: Any) -> Any:
+            return {} if v is None else v
+
+        @field_validator("extra_train")
+        @classmethod
+        def _extra_folders(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
+            """Names usable as a DVC stage item, a command argument and a folder name; no
+            folder given twice, none the main one (its faces are validated)."""
+            main = info.data.get("dir") or DEMO_DIR
+            seen: dict[str, str] = {}
+            for name, folder in v.items():
+                if not EXTRA_NAME.fullmatch(name):
+                    raise ParamValueError(f"'data.extra_train' name {name!r} must be letters, digits, _ and - "
+                                          "(not starting with -)")
+                if not folder:
+                    raise ParamValueError(f"'data.extra_train.{name}' must be a folder, got ''")
+                real = os.path.realpath(folder)
+                if real == os.path.realpath(main):
+                    raise ParamValueError(f"'data.extra_train.{name}' is data.dir ({main}): its faces are "
+                                          "already trained on and validated")
+                if real in seen:
+                    raise ParamValueError(f"'data.extra_train.{seen[real]}' and 'data.extra_train.{name}' are "
+                                          f"the same folder ({folder}): give each folder once")
+                seen[real] = name
+            return v
 
 
 class DemoParams(Section):
@@ -406,6 +461,8 @@ def _type_ok(field: FieldInfo, value: Any) -> bool:
 
 def _explain(err: dict, section: str) -> str:
     """One pydantic error of a section -> "'train.lr' must be a number > 0, got -1"."""
+    if isinstance((err.get("ctx") or {}).get("error"), ParamValueError):
+        return str(err["ctx"]["error"])
     name = str(err["loc"][0])
     key = f"{section}.{name}"
     field = section_fields(section)[name]
@@ -580,10 +637,11 @@ def speed_only_keys() -> set[str]:
 
 
 def write_resolved(cfg: Config, out_dir: str | os.PathLike, sections: Iterable[str],
-                   name: str = "params.resolved.yaml") -> Path:
-    """Write the sections a stage used beside its outputs, so a result names its config."""
+                   name: str = "params.resolved.yaml", exclude: Iterable[str] = ()) -> Path:
+    """Write the sections a stage used beside its outputs, so a result names its config
+    (less the keys `exclude`, which the stage does not read)."""
     out = Path(out_dir) / name
-    write_text(out, yaml.safe_dump(result_params(cfg, sections), sort_keys=False))
+    write_text(out, yaml.safe_dump(result_params(cfg, sections, exclude=exclude), sort_keys=False))
     return out
 
 

@@ -3,6 +3,7 @@ a command run by hand finds what the pipeline wrote (and a test can check dvc.ya
 
 DEMO_DIR = "data/demo"  # `pipeline demo-data`; crop reads it when data.dir is null
 CACHE_DIR = "data/cache"  # `pipeline crop`: train/ and test/ face caches
+EXTRA_DIR = "data/extra"  # `pipeline crop-extra NAME`: NAME/, the training faces of data.extra_train's NAME
 FOLDS_FILE = "folds/folds.csv"  # `pipeline folds`
 MODELS_DIR = "models"  # `pipeline train`: fold{K}/best.pt, last.pt
 PREDICTIONS_DIR = "predictions"  # `pipeline predict`: test.npz, oof.npz

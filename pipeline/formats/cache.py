@@ -5,7 +5,9 @@ meta.csv and info.json; evaluate: train keypoints_orig.npy and info.json, test
 meta.csv). All of them share the checks below.
 
 Files per split (docs/design.md, "Face cache"): faces.npy, keypoints.npy,
-keypoints_orig.npy (labelled sets), crop_to_orig.npy, meta.csv, info.json."""
+keypoints_orig.npy (labelled sets), crop_to_orig.npy, meta.csv, info.json; an extra
+training split (`pipeline crop-extra` -> data/extra/<name>/) also photos.json and, in
+info.json, `extra`: where it came from and what it was checked against."""
 
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.core.config import DataParams
+from pipeline.core.config import Config, DataParams, result_params
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import write_json, write_npy, write_text
 from pipeline.core.paths import DEMO_DIR
@@ -26,6 +28,20 @@ from pipeline.keypoints.geometry import to_crop
 from pipeline.keypoints.schema import KeypointSchema, schema_from_dict
 
 CACHE_MARKER = "info.json"  # written last: a folder holding it is a complete cache split
+PHOTOS_FILE = "photos.json"  # an extra split's {photo path: sha256 of its bytes}
+
+# params the main crop does not read (left out of its run id and params.resolved.yaml, so
+# its cache is byte-identical with or without extras), and those an extra split does not
+# depend on (it reads data.dir's photos only to refuse duplicates: checked, not cropped)
+MAIN_CROP_IGNORES = ("data.extra_train",)
+EXTRA_CROP_IGNORES = ("data.dir", "data.test_xml", "data.solution", "data.extra_train")
+
+
+def extra_crop_params(cfg: Config) -> dict[str, dict]:
+    """The params that shape an extra training split (its schema, labels' origin and crop
+    geometry): recorded in its info.json and hashed into its run id; a split recorded
+    under other values is stale."""
+    return result_params(cfg, ["data", "crop"], exclude=EXTRA_CROP_IGNORES)
 
 
 def dataset_root(data_cfg: DataParams, override: str | os.PathLike | None = None) -> Path:
@@ -59,11 +75,13 @@ class Cache:
 
 def write_cache_split(folder: Path, faces: list, crops: np.ndarray, crop_to_orig: np.ndarray,
                       image_sizes: np.ndarray, schema: KeypointSchema, xml: Path, side: int, expand: float,
-                      label_origin: float, run: str) -> None:
+                      label_origin: float, run: str, extra: dict | None = None,
+                      photos: dict[str, str] | None = None) -> None:
     """One split into `folder` (new, or holding only the caller's own files, such as the
     run's params): `faces` (dataset.Face list, in XML order),
     their crops (N, side, side, 3) uint8, transforms (N, 2, 3), photo (width, height)
-    (N, 2); `run` ties the split to the other split of the same crop run."""
+    (N, 2); `run` ties the split to the other split of the same crop run. An extra training
+    split also gets `extra` (info.json's `extra`) and `photos` ({photo: sha256}, photos.json)."""
     folder.mkdir(exist_ok=True)
     write_npy(folder / "faces.npy", crops)
     write_npy(folder / "crop_to_orig.npy", crop_to_orig)
@@ -82,10 +100,14 @@ def write_cache_split(folder: Path, faces: list, crops: np.ndarray, crop_to_orig
         "image_width": image_sizes[:, 0], "image_height": image_sizes[:, 1],
     }, columns=META_COLUMNS)
     write_text(folder / "meta.csv", meta.to_csv(index=False))
+    if photos is not None:
+        write_json(folder / PHOTOS_FILE, photos)
+    info = {"size": side, "expand": expand, "n": len(faces), "has_keypoints": has_kp, "schema": schema.to_dict(),
+            "xml": str(xml), "run": run, "label_origin": label_origin}
+    if extra is not None:
+        info["extra"] = extra
     # info.json last: it marks a complete split
-    write_json(folder / CACHE_MARKER, {"size": side, "expand": expand, "n": len(faces), "has_keypoints": has_kp,
-                                       "schema": schema.to_dict(), "xml": str(xml), "run": run,
-                                       "label_origin": label_origin})
+    write_json(folder / CACHE_MARKER, info)
 
 
 def is_cache_root(folder: Path) -> bool:
@@ -146,6 +168,20 @@ def read_array(split: str | os.PathLike, name: str, mmap: bool = False, shape_k:
         want = f"(N, {shape_k if shape_k is not None else 'K'}, 2)"
         raise PipelineError(path, f"expected shape {want}, got {arr.shape}")
     return arr
+
+
+def read_photos(split: str | os.PathLike) -> dict[str, str]:
+    """photos.json of an extra training split: {photo path in its folder: sha256}."""
+    path = Path(split) / PHOTOS_FILE
+    if not path.exists():
+        raise PipelineError(path, "missing from the extra face cache (rerun `pipeline crop-extra`)")
+    try:
+        photos = json.loads(path.read_text())
+    except Exception as e:
+        raise PipelineError(path, f"unreadable photo list ({type(e).__name__})") from None
+    if not isinstance(photos, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in photos.items()):
+        raise PipelineError(path, "not a photo list (expects {photo: sha256})")
+    return photos
 
 
 def face_count(split: str | os.PathLike) -> int | None:

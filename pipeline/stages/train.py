@@ -20,7 +20,7 @@ from pipeline.core.config import Config, config_options, write_resolved
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, remove_stale_temps, write_json
-from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, MODELS_DIR
+from pipeline.core.paths import CACHE_DIR, EXTRA_DIR, FOLDS_FILE, MODELS_DIR
 from pipeline.formats.checkpoint import save_checkpoint
 from pipeline.training.distributed import init_distributed
 from pipeline.training.loop import evaluate, train_steps
@@ -47,21 +47,23 @@ def _without_timing(row: dict) -> dict:
 
 def fit(cfg: Config, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: str | Path = FOLDS_FILE,
         out_root: str | Path = MODELS_DIR, resume: bool = True, live_dir: str | Path | None = None,
-        max_epochs: int | None = None) -> dict[str, float]:
-    """Train fold `fold`; returns the final metrics. `max_epochs` stops early (for tests of
+        max_epochs: int | None = None, extra_root: str | Path = EXTRA_DIR) -> dict[str, float]:
+    """Train fold `fold` (on its training faces and those of data.extra_train, cached under
+    `extra_root`); returns the final metrics. `max_epochs` stops early (for tests of
     interruption): the schedule still follows train.epochs."""
     tcfg = cfg.train
     out = check_output(Path(out_root) / f"fold{fold}", folder=True)
     if live_dir is not None:
         check_output(live_dir, folder=True)
-    cache, train_idx, val_idx = load_fold(cache_dir, folds_path, fold)
+    cache, train_idx, val_idx = load_fold(cache_dir, folds_path, fold, cfg, extra_root)
     rank, world, device_name = init_distributed(tcfg.device)
     is_main = rank == 0  # only rank 0 writes checkpoints, metrics and DVCLive logs
     if not is_main:  # and only rank 0 logs progress: the other ranks report warnings only
         logging.getLogger("pipeline").setLevel(logging.WARNING)
     setup = build_training(cfg, cache, train_idx, resolve_device(device_name), rank, world)
     meta = checkpoint_meta(setup, cache, fold)
-    start_epoch, best_mae, history = resume_training(setup, out, cache.schema, fold) if resume else (0, float("inf"), [])
+    start_epoch, best_mae, history = resume_training(setup, out, cache.schema, fold, meta["extra_train"]) \
+        if resume else (0, float("inf"), [])
 
     last_path = out / "last.pt"
     if is_main:
@@ -183,11 +185,14 @@ def _log_live(live, row: dict) -> None:
 @click.option("--cache", default=CACHE_DIR, show_default=True)
 @click.option("--folds", "folds_path", default=FOLDS_FILE, show_default=True)
 @click.option("--out", "out_root", default=MODELS_DIR, show_default=True, help="writes <out>/fold{K}/")
+@click.option("--extra", "extra_root", default=EXTRA_DIR, show_default=True,
+              help="the caches of data.extra_train: <extra>/<name>/ (`pipeline crop-extra`)")
 @click.option("--live", "live_dir", default=None, help="DVCLive folder (default dvclive/fold{K})")
 @click.option("--resume/--no-resume", default=True, show_default=True,
               help="continue from <out>/fold{K}/last.pt when it was made with the same params")
 @config_options
-def train_cmd(fold, cache, folds_path, out_root, live_dir, resume, cfg):
-    """Train one fold from the crop cache and the folds file."""
-    metrics = fit(cfg, fold, cache, folds_path, out_root, resume, live_dir or f"dvclive/fold{fold}")
+def train_cmd(fold, cache, folds_path, out_root, extra_root, live_dir, resume, cfg):
+    """Train one fold from the crop cache and the folds file (plus data.extra_train's faces)."""
+    metrics = fit(cfg, fold, cache, folds_path, out_root, resume, live_dir or f"dvclive/fold{fold}",
+                  extra_root=extra_root)
     log.info("fold %d done: best val MAE %.3f px (epoch %d)", fold, metrics["val_mae"], metrics["best_epoch"])

@@ -28,7 +28,7 @@ from tqdm import tqdm
 
 from pipeline.core.config import Config, load_config, params_options
 from pipeline.core.errors import PipelineError
-from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, MODELS_DIR
+from pipeline.core.paths import CACHE_DIR, EXTRA_DIR, FOLDS_FILE, MODELS_DIR
 
 log = logging.getLogger(__name__)
 
@@ -73,13 +73,13 @@ def plan_waves(folds: list[int], cpus: list[int], jobs: int) -> list[list[FoldJo
     return waves
 
 
-def pending_folds(cfg: Config, out_root: str | Path = MODELS_DIR) -> dict[int, int]:
+def pending_folds(cfg: Config, out_root: str | Path = MODELS_DIR, extra_root: str | Path = EXTRA_DIR) -> dict[int, int]:
     """{fold: epochs already done} for the folds of `folds.train` whose last.pt is missing,
-    made with other params or not at train.epochs yet: those `pipeline train --resume`
-    would still train."""
+    made with other params or extra faces, or not at train.epochs yet: those `pipeline
+    train --resume` would still train."""
     from pipeline.training.setup import trained_epochs
 
-    done = {f: trained_epochs(Path(out_root) / f"fold{f}", cfg) for f in cfg.folds.train}
+    done = {f: trained_epochs(Path(out_root) / f"fold{f}", cfg, extra_root) for f in cfg.folds.train}
     return {f: d for f, d in done.items() if d < cfg.train.epochs}
 
 
@@ -92,7 +92,8 @@ def available_cpus() -> list[int]:
 
 def train_folds(params_path: str = "params.yaml", overrides: tuple[str, ...] = (), jobs: int | None = None,
                 cache_dir: str | Path = CACHE_DIR, folds_path: str | Path = FOLDS_FILE,
-                out_root: str | Path = MODELS_DIR, log_dir: str | Path = "logs") -> list[int]:
+                out_root: str | Path = MODELS_DIR, log_dir: str | Path = "logs",
+                extra_root: str | Path = EXTRA_DIR) -> list[int]:
     """Train the pending folds of `folds.train` under the params of `params_path` and
     `overrides` (every child gets the same two), `jobs` processes at a time (None: one per
     CPU; more than the CPUs: one thread each, unpinned); returns the folds trained. With one
@@ -106,7 +107,7 @@ def train_folds(params_path: str = "params.yaml", overrides: tuple[str, ...] = (
         log.info("train.device is %s: nothing to run side by side; `dvc repro` trains the folds one at a time",
                  device)
         return []
-    pending = pending_folds(cfg, out_root)
+    pending = pending_folds(cfg, out_root, extra_root)
     if not pending:
         log.info("every fold of folds.train %s is trained to %d epochs with these params",
                  list(cfg.folds.train), cfg.train.epochs)
@@ -120,7 +121,7 @@ def train_folds(params_path: str = "params.yaml", overrides: tuple[str, ...] = (
     log_dir = Path(log_dir)
     log_dir.mkdir(parents=True, exist_ok=True)
     child_args = ["--cache", str(cache_dir), "--folds", str(folds_path), "--out", str(out_root),
-                  "--params", str(params_path)] + [a for o in overrides for a in ("--set", o)]
+                  "--extra", str(extra_root), "--params", str(params_path)] + [a for o in overrides for a in ("--set", o)]
     waves = plan_waves(sorted(pending), cpus, jobs)
     total = sum(cfg.train.epochs - pending[f] for f in pending)
     with tqdm(total=total, desc="train-folds epochs", unit="epoch", disable=None) as bar:  # None: on a terminal
@@ -217,12 +218,14 @@ def _last_line(path: Path) -> str:
 @click.option("--cache", default=CACHE_DIR, show_default=True)
 @click.option("--folds", "folds_path", default=FOLDS_FILE, show_default=True)
 @click.option("--out", "out_root", default=MODELS_DIR, show_default=True, help="writes <out>/fold{K}/")
+@click.option("--extra", "extra_root", default=EXTRA_DIR, show_default=True,
+              help="the caches of data.extra_train: <extra>/<name>/ (`pipeline crop-extra`)")
 @click.option("--log-dir", default="logs", show_default=True, help="each fold's log: <log-dir>/train-fold{K}.log")
 @params_options
-def train_folds_cmd(jobs, cache, folds_path, out_root, log_dir, params_path, overrides):
+def train_folds_cmd(jobs, cache, folds_path, out_root, extra_root, log_dir, params_path, overrides):
     """Train the folds of folds.train side by side on the CPU cores, before `dvc repro`
     (`make repro` runs it): the train stages then find them trained and finish in seconds."""
     if jobs != "auto" and not (jobs.isdigit() and int(jobs) >= 1):
         raise click.BadParameter(f"'{jobs}' is neither 'auto' nor a whole number >= 1", param_hint="--jobs")
     train_folds(params_path, tuple(overrides), None if jobs == "auto" else int(jobs), cache, folds_path, out_root,
-                log_dir)
+                log_dir, extra_root)

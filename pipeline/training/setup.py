@@ -18,6 +18,7 @@ from pipeline.core.config import DEFAULTS, Config, TrainParams, params_source, r
 from pipeline.core.device import amp_dtype, use_channels_last, use_compile, use_sync_bn
 from pipeline.core.errors import PipelineError
 from pipeline.core.heap import keep_freed_memory, use_keep_freed_memory
+from pipeline.core.paths import EXTRA_DIR
 from pipeline.formats.cache import load_cache
 from pipeline.formats.checkpoint import crop_stamp, load_checkpoint
 from pipeline.formats.folds import read_folds
@@ -25,6 +26,7 @@ from pipeline.keypoints.geometry import crop_to_input
 from pipeline.models import create_model
 from pipeline.training.augment import TrainAugment
 from pipeline.training.ema import ModelEma
+from pipeline.training.extras import extra_runs, join_training, load_extras
 from pipeline.training.loader import DeviceLoader, EpochSampler, FaceDataset, make_loader
 from pipeline.training.loop import StepState
 from pipeline.training.losses import loss_from_params
@@ -177,8 +179,12 @@ def make_epoch_loader(setup: TrainSetup, epoch: int):
     return DeviceLoader(loader, setup.device, setup.channels_last)
 
 
-def load_fold(cache_dir: str | Path, folds_path: str | Path, fold: int):
-    """(training cache, train indices, validation indices) of fold `fold`."""
+def load_fold(cache_dir: str | Path, folds_path: str | Path, fold: int, cfg: Config | None = None,
+              extra_root: str | Path = EXTRA_DIR):
+    """(training cache, train indices, validation indices) of fold `fold`. With `cfg`, the
+    faces of its data.extra_train (caches under `extra_root`) follow the main faces in the
+    returned cache, and all of them are on the training side; the validation faces are
+    always the main ones of folds.csv."""
     cache = load_cache(Path(cache_dir) / "train")
     if cache.keypoints is None:
         raise PipelineError(Path(cache_dir) / "train", "training cache has no keypoints")
@@ -186,7 +192,21 @@ def load_fold(cache_dir: str | Path, folds_path: str | Path, fold: int):
     k = int(fold_of.max()) + 1
     if not 0 <= fold < k:
         raise PipelineError(folds_path, f"fold {fold} out of range: folds are 0..{k - 1}")
-    return cache, np.flatnonzero(fold_of != fold), np.flatnonzero(fold_of == fold)
+    train_idx, val_idx = np.flatnonzero(fold_of != fold), np.flatnonzero(fold_of == fold)
+    extras = load_extras(cfg, cache, extra_root) if cfg is not None else []
+    if extras:
+        n_main = len(cache)
+        cache = join_training(cache, extras)
+        train_idx = np.concatenate([train_idx, np.arange(n_main, len(cache))])
+    return cache, train_idx, val_idx
+
+
+def extras_identity(cache) -> dict[str, str]:
+    """The extra training faces' part of a run's data identity: {name: crop run id} of the
+    data.extra_train caches `load_fold` joined into `cache` ({} without extras). Stored in
+    every checkpoint (`extra_train`) and compared on resuming (`_made_with`), beside the
+    params of `_config_key`: a re-cropped extra folder trains afresh."""
+    return dict(cache.info.get("extra_train", {}))
 
 
 def checkpoint_meta(setup: TrainSetup, cache, fold: int) -> dict[str, Any]:
@@ -195,17 +215,19 @@ def checkpoint_meta(setup: TrainSetup, cache, fold: int) -> dict[str, Any]:
     # size than the cache on disk); standalone prediction must crop new faces the same way
     return {"model_config": setup.model.config, "schema": cache.schema.to_dict(), "config": setup.cfg.model_dump(),
             "crop": crop_stamp(cache.faces.shape[1], cache.info["expand"], cache.info.get("label_origin", 0.0)),
-            "mean_shape": setup.mean_shape.tolist(), "fold": fold}
+            "mean_shape": setup.mean_shape.tolist(), "fold": fold, "extra_train": extras_identity(cache)}
 
 
-def resume_training(setup: TrainSetup, out: Path, schema, fold: int) -> tuple[int, float, list[dict]]:
-    """Load out/last.pt into the setup when it was made with the same params: (epochs done,
-    best val MAE, history); (0, inf, []) when there is nothing to resume."""
+def resume_training(setup: TrainSetup, out: Path, schema, fold: int,
+                    extra_train: dict[str, str] | None = None) -> tuple[int, float, list[dict]]:
+    """Load out/last.pt into the setup when it was made with the same params and extra
+    faces (`extra_train`: `extras_identity` of the training cache; None = no extras):
+    (epochs done, best val MAE, history); (0, inf, []) when there is nothing to resume."""
     last_path = out / "last.pt"
     if not last_path.exists():
         return 0, float("inf"), []
     ck = load_checkpoint(last_path, "cpu", schema)
-    if not _made_with(ck, setup.cfg):
+    if not _made_with(ck, setup.cfg, extra_train or {}):
         log.info("fold %d: %s was trained with other params; starting afresh", fold, last_path)
         return 0, float("inf"), []
     setup.model.load_state_dict(ck["model"])
@@ -225,16 +247,20 @@ def resume_training(setup: TrainSetup, out: Path, schema, fold: int) -> tuple[in
     return ck["epoch"], best_mae, history
 
 
-def _made_with(ck: dict, cfg: Config) -> bool:
-    """Whether checkpoint `ck` was trained under `cfg`'s params (those that decide the result)."""
-    return "config" in ck and _config_key(ck["config"]) == _config_key(cfg)
+def _made_with(ck: dict, cfg: Config, extra_train: dict[str, str]) -> bool:
+    """Whether checkpoint `ck` was trained under `cfg`'s params (those that decide the result)
+    and on the extra faces `extra_train` (`extras_identity`; a checkpoint from before extras
+    existed had none)."""
+    return ("config" in ck and _config_key(ck["config"]) == _config_key(cfg)
+            and dict(ck.get("extra_train") or {}) == extra_train)
 
 
-def trained_epochs(out: Path, cfg: Config) -> int:
-    """The epochs `resume_training` would find done in out/last.pt under `cfg`: 0 when there
-    is no last.pt or other params made it (the fold would train afresh)."""
+def trained_epochs(out: Path, cfg: Config, extra_root: str | Path = EXTRA_DIR) -> int:
+    """The epochs `resume_training` would find done in out/last.pt under `cfg` (and its extra
+    caches under `extra_root`): 0 when there is no last.pt or other params or extra faces
+    made it (the fold would train afresh)."""
     last_path = out / "last.pt"
     if not last_path.exists():
         return 0
     ck = load_checkpoint(last_path, "cpu", None)
-    return int(ck["epoch"]) if _made_with(ck, cfg) else 0
+    return int(ck["epoch"]) if _made_with(ck, cfg, extra_runs(cfg, extra_root)) else 0

@@ -1,5 +1,6 @@
 """Crop and cache: the stored transform maps cached keypoints back onto the XML exactly,
-pixels land where the transform says, padding, atomic output, worker errors."""
+pixels land where the transform says, padding, atomic output, worker errors; crop-extra's
+training-only caches of data.extra_train (their errors: tests/test_bad_input.py)."""
 
 import json
 
@@ -213,3 +214,42 @@ def test_same_inputs_give_byte_identical_caches(demo_dir, tmp_path):
     run_crop(_cfg(ds, "crop.side=16"), tmp_path / "c")
     other = json.loads((tmp_path / "c" / "train" / "info.json").read_text())["run"]
     assert other != run and (tmp_path / "c" / "train" / "faces.npy").read_bytes() == a["train/faces.npy"]
+
+
+# ------------------------------------------------------------------ crop-extra (data.extra_train)
+
+def test_main_crop_is_byte_identical_with_or_without_extras(demo_dir, tmp_path):
+    """data.extra_train is crop-extra's: the main cache (run id, params.resolved.yaml, every
+    array) is the same with extras named, so adding one re-trains without re-cropping."""
+    run_crop(_cfg(demo_dir, "crop.side=16"), tmp_path / "plain")
+    run_crop(_cfg(demo_dir, "crop.side=16", "data.extra_train={a: elsewhere, b: ../other}"), tmp_path / "extras")
+    plain = _files(tmp_path / "plain")
+    assert "train/params.resolved.yaml" in plain and plain == _files(tmp_path / "extras")
+    assert b"extra_train" not in plain["params.resolved.yaml"]
+
+
+def test_crop_extra_caches_the_training_faces_of_its_folder(extra_ws, tiny_workspace, tmp_path):
+    """One training split (no test/) in the cache format, cropped like the main cache,
+    with photos.json (sha256 per photo) and what train checks in info.json's `extra`; the
+    same inputs give the same bytes."""
+    import hashlib
+
+    from pipeline.stages.crop import run_crop_extra
+
+    folder, split = extra_ws["folder"], extra_ws["root"] / "more"
+    c = _check_cache(split, folder / "labels_ibug_300W_train.xml", 32)
+    main = load_cache(tiny_workspace / "cache" / "train")
+    assert len(c) == 12 and not (split / "test").exists() and not (split / "train").exists()
+    assert {k: c.info[k] for k in ("size", "expand", "label_origin")} == \
+        {k: main.info[k] for k in ("size", "expand", "label_origin")}
+    extra = c.info["extra"]
+    assert extra["name"] == "more" and extra["folder"] == str(folder) and extra["main_run"] == main.info["run"]
+    assert extra["params"] == {"data": {"train_xml": "labels_ibug_300W_train.xml", "schema": "ibug68",
+                                        "custom_schema": None, "label_origin": 0.0},
+                               "crop": {"expand": 1.25, "side": 32}}
+    photos = json.loads((split / "photos.json").read_text())
+    assert set(photos) == set(c.meta["image"])
+    assert all(hashlib.sha256((folder / rel).read_bytes()).hexdigest() == h for rel, h in photos.items())
+    assert c.info["run"] != main.info["run"]
+    run_crop_extra(load_config(None, extra_ws["sets"]), "more", tmp_path / "again", tiny_workspace / "cache")
+    assert _files(tmp_path / "again") == _files(split)

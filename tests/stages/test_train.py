@@ -244,3 +244,65 @@ def test_val_every_validates_every_nth_and_the_last_epoch_and_picks_best_among_t
     every1 = load_checkpoint(ws / "every1" / "fold0" / "last.pt")
     assert all(torch.equal(every1["model"][k], v) for k, v in last["model"].items())
     assert every1["history"][-1]["val_mae"] == hist[-1]["val_mae"]
+
+
+# ------------------------------------------------------------------ extra training faces (data.extra_train)
+
+def test_extra_faces_train_in_every_fold_and_are_never_validated(tiny_workspace, extra_ws, tmp_path):
+    """Every fold's training side grows by exactly the extra faces (appended after the main
+    ones, pixels and labels as cached) and its validation side stays the main faces of
+    folds.csv; an extra cache the params do not name (a stale data/extra/<old>) is ignored."""
+    import shutil
+
+    import numpy as np
+
+    from pipeline.formats.cache import load_cache
+    from pipeline.training.setup import load_fold
+
+    ws, root = tiny_workspace, tmp_path / "extra"
+    shutil.copytree(extra_ws["root"], root)
+    (root / "old").mkdir()
+    (root / "old" / "info.json").write_text("not json")  # never read
+    extra = load_cache(root / "more")
+    cfg = load_config(None, TINY + extra_ws["sets"])
+    vals = []
+    for fold in (0, 1):
+        main, train0, val0 = load_fold(ws / "cache", ws / "folds.csv", fold)
+        cache, train, val = load_fold(ws / "cache", ws / "folds.csv", fold, cfg, root)
+        n = len(main)
+        np.testing.assert_array_equal(val, val0)
+        assert val.max() < n and len(cache) == n + len(extra) == n + 12
+        np.testing.assert_array_equal(train, np.concatenate([train0, np.arange(n, n + 12)]))
+        np.testing.assert_array_equal(cache.faces[n:], extra.faces)
+        np.testing.assert_array_equal(cache.keypoints[n:], extra.keypoints)
+        np.testing.assert_array_equal(cache.faces[:n], main.faces)
+        assert cache.info["extra_train"] == {"more": extra.info["run"]}
+        vals.append(val)
+    assert sorted(np.concatenate(vals).tolist()) == list(range(n))  # OOF: each main face once, no extra
+
+
+def test_extra_faces_are_part_of_the_resume_key(tiny_workspace, extra_ws, tmp_path, caplog):
+    """The checkpoint names the extra caches it trained on (name -> crop run id); a run
+    with other extra faces (none, or a re-cropped folder) trains afresh."""
+    import json
+    import shutil
+
+    from pipeline.training.setup import trained_epochs
+
+    ws = tiny_workspace
+    cfg = load_config(None, TINY + extra_ws["sets"] + ["train.epochs=2"])
+    out = tmp_path / "models"
+    fit(cfg, 0, ws / "cache", ws / "folds.csv", out, resume=False, max_epochs=1, extra_root=extra_ws["root"])
+    run = json.loads((extra_ws["root"] / "more" / "info.json").read_text())["run"]
+    ck = load_checkpoint(out / "fold0" / "last.pt")
+    assert ck["extra_train"] == {"more": run} and ck["config"]["data"]["extra_train"] == {"more": str(extra_ws["folder"])}
+    assert trained_epochs(out / "fold0", cfg, extra_ws["root"]) == 1
+    assert trained_epochs(out / "fold0", load_config(None, TINY + ["train.epochs=2"])) == 0
+    recropped = tmp_path / "extra"
+    shutil.copytree(extra_ws["root"] / "more", recropped / "more")
+    info = json.loads((recropped / "more" / "info.json").read_text())
+    (recropped / "more" / "info.json").write_text(json.dumps({**info, "run": "another"}))
+    assert trained_epochs(out / "fold0", cfg, recropped) == 0
+    with caplog.at_level("INFO"):
+        m = fit(cfg, 0, ws / "cache", ws / "folds.csv", out, resume=True, extra_root=recropped)
+    assert "starting afresh" in caplog.text and m["epochs"] == 2
