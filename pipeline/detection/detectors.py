@@ -1,6 +1,6 @@
-"""Face detectors for photos without boxes (predict-image, morph, heatmaps), each with the
-fixed scale and shift that turns its boxes into the box convention the models were
-trained with, and the measurements behind the choice (`calibrate`, `evaluate`).
+"""Face detectors for photos without boxes (predict-image, predict-video, morph, heatmaps),
+and the one table (TO_BOX) of the fixed scale and shift that turns each one's boxes into
+the box convention the models were trained with (dlib HOG boxes).
 
 Only detectors whose model ships inside a registry package, so nothing downloads at run
 time. `auto` takes the first available of:
@@ -30,7 +30,6 @@ from pipeline.detection.haar import (
     HAAR_MAX_SIDE,
     HAAR_MIN_FRACTION,
     HAAR_MIN_PX,
-    HAAR_TO_BOX,
     cascade_available,
     detect_faces,
     require_cascade,
@@ -45,19 +44,27 @@ DETECTORS = ("mtcnn", "dlib", "haar")  # the preference order of `auto`
 # ones (a hand, skin, a lace pattern) scored 0.72-0.87.
 MTCNN_MIN_PROB = 0.95
 
-# detector box (x, y, w, h) -> training box: width = w_scale * w, height = h_scale * h, centre
-# = detector centre + (dx, dy) * w. Medians over the first 400 photos of
-# ../shared/data/ibug300w-mini's train XML (`calibrate`: every XML box matched one-to-one
-# to a detection at IoU >= 0.3), rounded, x shift 0 by symmetry (measured +0.011 / +0.002).
-# mtcnn: 399 of 400 boxes matched; width 1.022, height 0.857, dy +0.102 (its box is
-# narrower and ends lower at the chin's top, the training box runs from the brows down).
-# dlib: 384 of 400 matched; width 0.955, height 1.050, dy +0.025: the competition's boxes
-# came from a dlib detector, so its boxes need the smallest correction.
-# Haar: see pipeline.detection.haar.HAAR_TO_BOX.
+# The one conversion of a detector's raw box (x, y, w, h) to the training box convention,
+# applied once to every detection by `Detector.__call__` (predict-image, predict-video,
+# morph, heatmaps and `Landmarker.predict` without boxes all get their boxes there):
+# width = w_scale * w, height = h_scale * h, centre = detector centre + (dx, dy) * w.
+# The training boxes are dlib HOG detections (upsample 1) of the shared data's photos, so
+# each row was measured on the training photos of ../shared/data/ibug300w-mini and
+# ../shared/data/lfpw-train: the detector run as here, each detection matched one-to-one to
+# the XML box it overlaps most (IoU >= 0.3, best first), faces whose XML box is a landmark
+# box (no HOG detection at upsample 1 with IoU >= 0.95 to it) left out, then the medians of
+# the width and height ratios and of the centre offsets (x shift 0 by symmetry).
+# The figures: docs/experiments.md, "Detector boxes on HOG training boxes".
+# dlib: identity. Its raw boxes are of the training boxes' kind (`dlib_box`); on the same
+# photo its boxes without upsampling sit on another grid of pyramid scales than the
+# training's, which makes the median ratio of pairs a grid artefact; the log-mean ratio
+# and the boxes' size and place on the landmarks say identity.
+# mtcnn: not re-measured (facenet-pytorch was not installed); the row maps MTCNN boxes
+# onto the earlier, answer-derived training boxes (brows to chin), not onto HOG boxes.
 TO_BOX = {
-    "haar": HAAR_TO_BOX,
+    "haar": {"w_scale": 0.89, "h_scale": 0.89, "dx": 0.0, "dy": 0.07},
+    "dlib": {"w_scale": 1.0, "h_scale": 1.0, "dx": 0.0, "dy": 0.0},
     "mtcnn": {"w_scale": 1.02, "h_scale": 0.86, "dx": 0.0, "dy": 0.10},
-    "dlib": {"w_scale": 0.955, "h_scale": 1.05, "dx": 0.0, "dy": 0.025},
 }
 DESCRIPTION = {"mtcnn": "MTCNN (facenet-pytorch)", "dlib": "dlib HOG frontal detector",
                "haar": "opencv haarcascade_frontalface_default.xml"}
@@ -124,6 +131,20 @@ def _mtcnn() -> Callable[[np.ndarray], np.ndarray]:
     return detect
 
 
+def dlib_box(rect) -> list[float]:
+    """A dlib rectangle -> [x, y, w, h] as the shared data's HOG boxes were written (width =
+    right - left), so a detection the training set holds comes out as that very box."""
+    return [float(rect.left()), float(rect.top()), float(rect.right() - rect.left()),
+            float(rect.bottom() - rect.top())]
+
+
+def dlib_rect(dlib, box):
+    """The inverse of `dlib_box`: a box [x, y, w, h] -> the dlib rectangle it came from
+    (rounded to whole pixels), for dlib's shape predictor."""
+    left, top, w, h = (float(v) for v in box)
+    return dlib.rectangle(int(round(left)), int(round(top)), int(round(left + w)), int(round(top + h)))
+
+
 def _dlib() -> Callable[[np.ndarray], np.ndarray]:
     import dlib
 
@@ -132,16 +153,19 @@ def _dlib() -> Callable[[np.ndarray], np.ndarray]:
     def detect(image: np.ndarray) -> np.ndarray:
         small, scale = _scaled(image)
         # no upsampling: its 80 px window already covers the smallest face we keep on most
-        # photos, and one upsampling step costs 4x for no recall on the shared test
+        # photos, and one upsampling step quadruples the pixels to search; the training
+        # boxes were found with one step, but on a new photo the boxes of either sit on
+        # the face alike (TO_BOX)
         rects = hog(np.ascontiguousarray(small), 0)
-        xywh = np.array([[r.left(), r.top(), r.width(), r.height()] for r in rects], dtype=np.float64)
+        xywh = np.array([dlib_box(r) for r in rects], dtype=np.float64)
         return _largest_first(xywh.reshape(-1, 4) / scale, _min_side(image))
 
     return detect
 
 
 class Detector:
-    """`detector(image)` -> (boxes in the training convention (M, 4), raw boxes (M, 4))."""
+    """`detector(image)` -> (boxes in the training convention (M, 4), raw boxes (M, 4)): the
+    raw boxes go through TO_BOX[name] here, once."""
 
     raw: Callable[[np.ndarray], np.ndarray]
 
@@ -150,18 +174,17 @@ class Detector:
         self.description = DESCRIPTION[name]
         if name == "haar":
             require_cascade()
-            self.raw, self.to_box = detect_faces, TO_BOX[name]
+            self.raw = detect_faces
             return
         if not available(name):
             raise PipelineError(None, f"face detector '{name}' is not installed: {INSTALL[name]}")
         self.raw = _mtcnn() if name == "mtcnn" else _dlib()
-        self.to_box = TO_BOX[name]
 
     def __call__(self, image: np.ndarray, max_faces: int = 0) -> tuple[np.ndarray, np.ndarray]:
         raw = self.raw(image)
         if max_faces > 0:
             raw = raw[:max_faces]
-        return to_box(raw, self.to_box), raw
+        return to_box(raw, TO_BOX[self.name]), raw
 
 
 _LOADED: dict[str, Detector] = {}

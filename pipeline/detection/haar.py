@@ -1,11 +1,6 @@
 """OpenCV's Haar face detector (it ships inside opencv-python, so it is the fallback that
-is always there; pipeline/detection/detectors.py picks the best installed detector) and the map from
-its boxes to the competition's box convention.
-
-The training boxes ("boxes imitate a face detector" in the competition XML) run from the
-brows to the chin and are narrower than a Haar box, which also holds the forehead. A
-fixed scale and centre shift (HAAR_TO_BOX) maps one onto the other; `calibrate` measures
-it on a labelled XML."""
+is always there; pipeline/detection/detectors.py picks the best installed detector and
+holds the conversion of its boxes to the training box convention, TO_BOX)."""
 
 from __future__ import annotations
 
@@ -19,7 +14,7 @@ from pipeline.core.errors import PipelineError
 HAAR_FILE = "haarcascade_frontalface_default.xml"
 
 
-# detectMultiScale settings (used for the calibration too, so change them together)
+# detectMultiScale settings (TO_BOX['haar'] was measured with them, so change them together)
 HAAR_SCALE_FACTOR = 1.1
 
 
@@ -33,18 +28,6 @@ HAAR_MIN_PX = 24
 
 
 HAAR_MAX_SIDE = 1024  # larger photos are searched at this size (boxes mapped back)
-
-
-# Haar box (x, y, s, s) -> training box: width = W_SCALE * s, height = H_SCALE * s, centre =
-# Haar centre + (DX, DY) * s. Measured with `calibrate` (opencv-python-headless 4.14, the
-# settings above) on ../shared/data/ibug300w-mini's train XML: 1107 boxes in 1107 image
-# entries; each XML box matched to its highest-IoU detection (IoU >= 0.3): 959 matched
-# (86.6 %), 220 detections unmatched; medians over the matched pairs: width 0.859 s
-# (IQR 0.80-0.92), height 0.929 s, centre shift x +0.007 s (rounded to 0: the faces are
-# symmetric), y +0.091 s (IQR 0.066-0.121: the training box sits lower, brows to chin).
-# Median IoU with the XML box: raw Haar 0.667, converted 0.778 (99 % of pairs >= 0.5); on
-# the held-out test XML (100 boxes): 82 % detected, IoU raw 0.677, converted 0.786.
-HAAR_TO_BOX = {"w_scale": 0.86, "h_scale": 0.93, "dx": 0.0, "dy": 0.09}
 
 
 def _cascade_path() -> Path:

@@ -1,6 +1,5 @@
-"""Detectors measured against annotated boxes: IoU, one-to-one matching, recall, and the
-calibration of a detector's boxes to the training box convention (the constants in
-pipeline/detection/detectors.py's TO_BOX)."""
+"""Detectors measured against annotated boxes: one-to-one matching and the recall of the
+converted boxes (`pipeline bench`'s detector section; the tracker's matching too)."""
 
 from __future__ import annotations
 
@@ -10,9 +9,8 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline.core.errors import PipelineError
-from pipeline.detection.boxes import iou, to_box
-from pipeline.detection.detectors import TO_BOX, get_detector
+from pipeline.detection.boxes import iou
+from pipeline.detection.detectors import get_detector
 from pipeline.formats.annotations import load_xml, read_image, safe_image_path
 from pipeline.keypoints.schema import IBUG68
 
@@ -47,42 +45,6 @@ def greedy_pairs(scores: np.ndarray, minimum: float) -> list[tuple[int, int, flo
         used_c.add(c)
         pairs.append((r, c, float(scores[r, c])))
     return pairs
-
-
-def calibrate(xml_path: str | os.PathLike, detector: str = "haar", min_iou: float = 0.3,
-              limit: int | None = None) -> dict:
-    """Measure a detector's raw box -> training box constants on a labelled XML: every XML
-    box matched one-to-one to a raw detection (IoU >= min_iou), medians of the width and
-    height ratios and of the centre offsets in detector box widths. Returns the constants
-    and the figures to judge them by: detection rate, unmatched detections, and the median
-    IoU of the raw boxes, of the boxes converted with the measured constants and with the
-    constants in use (TO_BOX)."""
-    xml_path = Path(xml_path)
-    det_fn = get_detector(detector)
-    gts, dets, raw_iou = [], [], []
-    photos = _photos(xml_path, limit)
-    n_boxes = n_det = 0
-    for rel, gt in photos:
-        det = det_fn.raw(read_image(safe_image_path(xml_path.parent, rel, xml_path)))
-        n_boxes += len(gt)
-        n_det += len(det)
-        for g, d, overlap in match(gt, det, min_iou):
-            gts.append(gt[g])
-            dets.append(det[d])
-            raw_iou.append(overlap)
-    if not gts:
-        raise PipelineError(xml_path, f"no {detector} detection matched any box")
-    gt, det = np.array(gts), np.array(dets)
-    s = det[:, 2]
-    c = {"w_scale": float(np.median(gt[:, 2] / s)), "h_scale": float(np.median(gt[:, 3] / det[:, 3])),
-         "dx": float(np.median(((gt[:, 0] + gt[:, 2] / 2) - (det[:, 0] + det[:, 2] / 2)) / s)),
-         "dy": float(np.median(((gt[:, 1] + gt[:, 3] / 2) - (det[:, 1] + det[:, 3] / 2)) / s))}
-    measured = np.array([iou(g, b)[0, 0] for g, b in zip(gt, to_box(det, c))])
-    in_use = np.array([iou(g, b)[0, 0] for g, b in zip(gt, to_box(det, TO_BOX[detector]))])
-    return {"detector": detector, "photos": len(photos), "boxes": n_boxes, "detections": n_det, "matched": len(gt),
-            "detection_rate": len(gt) / n_boxes, "unmatched_detections": n_det - len(gt),
-            "median_iou_raw": float(np.median(raw_iou)), "median_iou_measured": float(np.median(measured)),
-            "median_iou_in_use": float(np.median(in_use)), "constants": c}
 
 
 def evaluate(xml_path: str | os.PathLike, detector: str, min_iou: float = 0.5, limit: int | None = None) -> dict:

@@ -273,6 +273,13 @@ def read_image(path: str | os.PathLike) -> np.ndarray:
     return cv2.cvtColor(img, cv2.COLOR_BGR2RGB)
 
 
+def xml_comment(path: str | os.PathLike) -> str | None:
+    """The <comment> of an imglab XML that `load_xml` has read (what its maker says of it,
+    such as where its boxes came from), or None."""
+    text = ET.parse(path).getroot().findtext("comment")
+    return " ".join(text.split()) if text and text.strip() else None
+
+
 def xml_text(entries: list, name: str | None = None, comment: str | None = None) -> str:
     """imglab XML for entries [(image file, [(box (left, top, width, height), parts), ...])];
     parts: None (a box only), a (K, 2) array (points named 00, 01, ...; written as its values

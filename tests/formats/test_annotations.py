@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.core.errors import PipelineError
-from pipeline.formats.annotations import load_pts_dir, load_xml, photo_group, read_image
+from pipeline.formats.annotations import load_pts_dir, load_xml, photo_group, read_image, xml_comment, xml_text
 from pipeline.keypoints.schema import IBUG68, NOSE1
 
 TRAIN = "labels_ibug_300W_train.xml"
@@ -247,3 +247,11 @@ def test_read_image_errors(tmp_path):
         with pytest.raises(PipelineError, match=msg) as e:
             read_image(tmp_path / name)
         assert name in str(e.value)
+
+
+def test_xml_comment_is_what_the_maker_wrote_or_none(tmp_path):
+    entries = [("a.png", [((1, 2, 3, 4), None)])]
+    (tmp_path / "with.xml").write_text(xml_text(entries, "Test faces", " boxes from\n  dlib's HOG detector "))
+    (tmp_path / "without.xml").write_text(xml_text(entries, "Test faces"))
+    assert xml_comment(tmp_path / "with.xml") == "boxes from dlib's HOG detector"
+    assert xml_comment(tmp_path / "without.xml") is None

@@ -88,6 +88,11 @@ def test_bench_tiny_has_every_figure(tmp_path, demo_dir, tiny_checkpoint, monkey
                                   and _positive(r["photos_per_s"]) and r["photos"] == 8), (name, r)
     table = capsys.readouterr().out
     assert "one face at a time, one core" in table and "face detectors on" in table
+    # every accuracy row says which boxes it ran on, in the JSON and in the table
+    for name in ("mean_shape", f"checkpoint:{tiny_checkpoint}", "dlib"):
+        assert "skipped" in acc[name] or acc[name]["boxes"].startswith("test XML as given"), (name, acc[name])
+        assert "skipped" in acc[name] or f"  boxes: {acc[name]['boxes']}" in table
+    assert acc["test_xml_comment"].startswith("Synthetic demo faces") and "the test XML says: Synthetic" in table
 
 
 def test_bench_without_data_skips_accuracy(tmp_path, monkeypatch):
@@ -249,3 +254,74 @@ def test_bench_times_training_side_by_side_as_train_folds_runs_it(tmp_path, monk
     assert sbs["ratio_to_one_process"] == pytest.approx(
         sbs["images_per_s_real"] / res["train"]["resunet-tiny"]["images_per_s_real"])
     assert "2 processes side by side (1 + 1 threads" in format_table(res)
+
+
+class _Rect:
+    """dlib.rectangle: inclusive corner pixels, ints only."""
+
+    def __init__(self, left, top, right, bottom):
+        assert all(isinstance(v, int) for v in (left, top, right, bottom))
+        self.corners = (left, top, right, bottom)
+
+
+class _Point:
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+
+def _fake_dlib(seen):
+    """(a dlib module, a 68-point predictor) that record what the predictor is given."""
+    import types
+
+    def predictor(image, rect):
+        seen.append((image.shape, rect.corners))
+        left, top, right, bottom = rect.corners
+        shape = types.SimpleNamespace()
+        shape.parts = lambda: [_Point((left + right) / 2, (top + bottom) / 2)] * 68
+        return shape
+
+    return types.SimpleNamespace(rectangle=_Rect), predictor
+
+
+def test_dlib_runs_on_the_test_xml_boxes_as_given(demo_dir, monkeypatch):
+    """The accuracy section's dlib row: each face's rectangle is its test XML box itself
+    (right = left + width: a HOG box is the detector's rectangle again), on its own photo,
+    with a fake dlib so that this runs where dlib is not installed."""
+    from pipeline.formats.annotations import load_xml, read_image
+    from pipeline.keypoints.schema import IBUG68
+    from pipeline.tools.bench import accuracy
+
+    seen: list = []
+    monkeypatch.setattr(accuracy, "dlib_or_skip", lambda out: _fake_dlib(seen))
+    cfg = load_config(None, ["crop.n_jobs=1"])
+    res = accuracy.bench_accuracy(demo_dir, cfg, [], torch.device("cpu"), use_dlib=True)
+    faces = load_xml(demo_dir / cfg.data.test_xml, IBUG68, require_parts=False)
+    assert len(seen) == len(faces) == res["n_test"]
+    for (shape, (left, top, right, bottom)), face in zip(seen, faces):  # the XML's order: one photo per face here
+        assert shape == read_image(demo_dir / face.image).shape
+        np.testing.assert_array_equal([left, top, right - left, bottom - top], np.round(face.box))
+    assert res["dlib"]["boxes"].startswith("test XML as given") and _positive(res["dlib"]["mae"])
+
+
+def test_batch1_dlib_box_is_the_box_the_crop_was_cut_around(monkeypatch):
+    """batch 1's dlib row times dlib on the same crops as the model, with the square box
+    each crop was cut around (here a square face box): mapped back through the crop, it is
+    that box."""
+    from pipeline.keypoints.geometry import crop_one, crop_transform
+    from pipeline.models import create_model
+    from pipeline.tools.bench import batch1
+
+    seen: list = []
+    monkeypatch.setattr(batch1, "dlib_or_skip", lambda out: _fake_dlib(seen))
+    box, expand, size = [50.0, 40.0, 64.0, 64.0], 1.25, 40
+    a = crop_transform(box, expand, size)
+    image = np.random.default_rng(0).integers(0, 256, (200, 200, 3), dtype=np.uint8)
+    faces = crop_one(image, a, size)[None]
+    model = create_model("resunet-tiny", 68, input_size=32)
+    meta = {"model_config": model.config, "schema": {"flip": list(range(68))}}
+    out = batch1.bench_batch1(model, meta, size, min_time=0.0, faces=faces, expand=expand, rounds=1,
+                              backends=("torch-eager",))
+    assert seen and _positive(out["dlib"]["plain"]) and "the box the crop was cut around" in out["dlib"]["boxes"]
+    left, top, right, bottom = seen[0][1]
+    s, edge = a[0, 0], a[:, 2] - 0.5 * a[0, 0] + 0.5  # crop edge u -> photo edge: edge + u * s
+    np.testing.assert_allclose([edge[0] + left * s, edge[1] + top * s, (right - left) * s, (bottom - top) * s], box)

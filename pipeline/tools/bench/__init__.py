@@ -20,7 +20,8 @@ Sections (each figure lands in the JSON under the same names):
   flip TTA, batch 1 and batched, with the default thread count and with 1 thread.
 * batch1: one face at a time on one core, the first checkpoint through every inference
   backend (eager torch, the torch backend, onnxruntime fp32 and int8) beside dlib's
-  predictor on the same crops, in alternating rounds (`bench_batch1`).
+  predictor on the same crops (its box: the square each crop was cut around), in
+  alternating rounds (`bench_batch1`).
 * video: frames/s end to end (decode, detect, predict, draw, encode) and keypoint jitter and
   NME, raw vs smoothed (video.filter), on make-test-video's still and moving faces, for the batch-1
   model (`bench_video`).
@@ -30,7 +31,8 @@ Sections (each figure lands in the JSON under the same names):
   (exported .onnx models too),
   of the mean-shape-in-box baseline (mean training shape in box-normalised coordinates,
   placed into each test box) and of dlib's 68-point shape predictor when installed
-  (`pip install 'pipeline[dlib]'`).
+  (`pip install 'pipeline[dlib]'`), all on the test XML's boxes as given (each row's
+  `boxes` says how it used them; dlib gets each box as the rectangle it stands for).
 
 Timings on a shared machine are noisy: real and synthetic steps are measured in
 alternating rounds and the best round of each is kept, so their ratio is taken under the

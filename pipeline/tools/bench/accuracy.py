@@ -1,5 +1,7 @@
 """Accuracy on a data set with a solution: MAE / NME / faces/s of checkpoints (exported .onnx
-too), of the mean-shape baseline and of dlib's predictor."""
+too), of the mean-shape baseline and of dlib's predictor, every one on the test XML's boxes
+as given (each row says so under "boxes"): on the shared data those are dlib HOG
+detections, the boxes dlib's predictor was trained on, where HOG found the face."""
 
 from __future__ import annotations
 
@@ -11,7 +13,8 @@ import numpy as np
 import torch
 
 from pipeline.core.config import Config
-from pipeline.formats.annotations import crop_faces, load_xml, read_image, safe_image_path
+from pipeline.detection.detectors import dlib_rect
+from pipeline.formats.annotations import crop_faces, load_xml, read_image, safe_image_path, xml_comment
 from pipeline.formats.submission import read_solution
 from pipeline.inference.landmarker import Landmarker
 from pipeline.keypoints.metrics import mae, nme
@@ -33,13 +36,15 @@ def bench_accuracy(data_dir: Path, cfg: Config, checkpoints: Sequence[str], devi
     test = load_xml(test_xml, schema, require_parts=False)
     truth = read_solution(data_dir / dcfg.solution).reshape(len(test), schema.k, 2)
     test_boxes = np.array([f.box for f in test], dtype=np.float64)
-    out: dict[str, Any] = {"data": str(data_dir), "n_test": len(test), "n_train": len(train)}
+    out: dict[str, Any] = {"data": str(data_dir), "n_test": len(test), "n_train": len(train),
+                           "test_xml_comment": xml_comment(test_xml)}
 
     t0 = time.perf_counter()
     train_kp = np.stack([f.keypoints for f in train])  # type: ignore[misc]  # require_parts=True: all have keypoints
     pred = mean_shape_baseline(train_kp, np.array([f.box for f in train]), test_boxes)
     dt = time.perf_counter() - t0
-    out["mean_shape"] = {**_score(pred, truth, schema.eyes), "faces_per_s": len(test) / max(dt, 1e-9)}
+    out["mean_shape"] = {**_score(pred, truth, schema.eyes), "faces_per_s": len(test) / max(dt, 1e-9),
+                         "boxes": "test XML as given; the mean training shape (box-normalised) placed in each"}
 
     crops_by: dict[tuple, tuple] = {}
 
@@ -66,9 +71,12 @@ def bench_accuracy(data_dir: Path, cfg: Config, checkpoints: Sequence[str], devi
                 sync(device)
                 res["faces_per_s" + tag] = len(test) / (time.perf_counter() - t0)
         ckpt = landmarker.metas[0]
+        size, expand = landmarker.geometries[0]
         out[f"checkpoint:{path}"] = {**_score(pred, truth, schema.eyes), **res, "tta": tta,
                                      "preset": ckpt["model_config"]["preset"],
-                                     "input_size": ckpt["model_config"]["input_size"]}
+                                     "input_size": ckpt["model_config"]["input_size"],
+                                     "boxes": f"test XML as given; a square {expand:g}x the box's longer side "
+                                              f"cropped around each at {size} px, as the checkpoint was trained"}
 
     dlib, predictor = dlib_or_skip(out) if use_dlib else (None, None)
     if predictor is not None:
@@ -80,12 +88,12 @@ def bench_accuracy(data_dir: Path, cfg: Config, checkpoints: Sequence[str], devi
         for rel, idx in by_image.items():
             image = read_image(safe_image_path(data_dir, rel, test_xml))  # RGB uint8, not timed
             for i in idx:
-                left, top, w, h = test[i].box
-                rect = dlib.rectangle(int(round(left)), int(round(top)), int(round(left + w - 1)),
-                                      int(round(top + h - 1)))
+                rect = dlib_rect(dlib, test[i].box)  # the XML box itself: a HOG box comes back whole
                 t0 = time.perf_counter()
                 shape = predictor(image, rect)
                 spent += time.perf_counter() - t0
                 pred[i] = [(p.x, p.y) for p in shape.parts()]
-        out["dlib"] = {**_score(pred, truth, schema.eyes), "faces_per_s_1thread": len(test) / max(spent, 1e-9)}
+        out["dlib"] = {**_score(pred, truth, schema.eyes), "faces_per_s_1thread": len(test) / max(spent, 1e-9),
+                       "boxes": "test XML as given, as dlib rectangles (right = left + width, bottom = top + "
+                                "height: a HOG box is the detector's own rectangle again) on the whole photo"}
     return out

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 
 from pipeline.core.config import Config
+from pipeline.detection.detectors import dlib_rect
 from pipeline.formats.annotations import crop_faces, load_xml
 from pipeline.formats.checkpoint import checkpoint_crop
 from pipeline.formats.onnx_export import onnx_bytes
@@ -32,8 +33,9 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
     channels_last), onnxruntime (in-memory export of the same weights; skipped when not
     installed) and onnxruntime int8 (`export --int8`, calibrated here on the timed crops:
     a speed figure; its accuracy comes from scoring an exported model in the accuracy
-    section); beside dlib's 68-point predictor on the same crops (its box: the face box
-    inside the crop). Neither side times decoding or cropping.
+    section); beside dlib's 68-point predictor on the same crops (its box: the square the
+    crop was cut around, 1/expand of the crop at its centre: the face's box, scaled into the
+    crop, where that box is square). Neither side times decoding or cropping.
 
     Every method runs `rounds` times in alternation for min_time / rounds seconds each and
     keeps its best round, so on a shared machine all of them see the same background load
@@ -67,8 +69,8 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
         dlib, predictor = dlib_or_skip(out) if use_dlib else (None, None)
         if predictor is not None:
             s = faces.shape[1]
-            lo, hi = round(s / 2 - s / expand / 2), round(s / 2 + s / expand / 2) - 1  # the box in the crop
-            rect = dlib.rectangle(lo, lo, hi, hi)
+            side = s / expand  # the crop is `expand` x the box's longer side, centred on the box
+            rect = dlib_rect(dlib, [(s - side) / 2, (s - side) / 2, side, side])
             crops = [np.ascontiguousarray(f) for f in faces]
             methods["dlib/plain"] = lambda i: predictor(crops[i], rect)
         best = {k: 0.0 for k in methods}
@@ -87,6 +89,9 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
     for key, v in best.items():
         name, tta = key.split("/")
         out.setdefault(name, {})[tta] = v
+    if "plain" in out.get("dlib", {}):
+        out["dlib"]["boxes"] = (f"a square 1/{expand:g} of the crop at its centre: the box the crop was cut around, "
+                                "scaled into the crop (exactly where that box is square, as HOG boxes are to a pixel)")
     return out
 
 

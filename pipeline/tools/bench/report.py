@@ -41,6 +41,8 @@ def format_table(res: dict[str, Any]) -> str:
         lines.append(f"accuracy: skipped ({acc['skipped']})")
     else:
         lines.append(f"accuracy on {acc['data']} ({acc['n_test']} test faces)")
+        if acc.get("test_xml_comment"):
+            lines.append(f"  the test XML says: {acc['test_xml_comment']}")
         lines.append(f"{'method':<40} {'MAE px':>8} {'NME %':>7} {'faces/s':>9} {'faces/s 1 thr':>13}")
         for name, r in acc.items():
             if not isinstance(r, dict):
@@ -52,6 +54,8 @@ def format_table(res: dict[str, Any]) -> str:
             fps1 = r.get("faces_per_s_1thread", float("nan"))
             label = name if len(name) <= 40 else "..." + name[-37:]
             lines.append(f"{label:<40} {r['mae']:>8.3f} {100 * r['nme']:>7.2f} {fps:>9.1f} {fps1:>13.1f}")
+            if r.get("boxes"):
+                lines.append(f"  boxes: {r['boxes']}")
     lines += [""] + format_batch1(res.get("batch1"), res.get("batch1_model"))
     for preset, b1 in res.get("batch1_presets", {}).items():
         lines += [""] + format_batch1(b1, f"{preset} (untrained)")
@@ -82,6 +86,8 @@ def format_batch1(b1: dict[str, Any] | None, model: str | None) -> list[str]:
         lines.append(row)
     if ref:
         lines.append(f"{'dlib 68-point predictor (same crops)':<40} {ref:>9.1f}")
+        if b1["dlib"].get("boxes"):
+            lines.append(f"  boxes: {b1['dlib']['boxes']}")
     elif "dlib" in b1:
         lines.append(f"{'dlib':<40} skipped: {b1['dlib']['skipped']}")
     return lines
