@@ -27,10 +27,10 @@ from pipeline.stages.train import fit
 from pipeline.training.distributed import init_distributed
 from pipeline.training.loader import seed_worker
 from pipeline.training.loop import evaluate, train_steps
-from pipeline.training.setup import build_training, load_fold, make_epoch_loader, resume_training
+from pipeline.training.setup import build_training, load_fold, make_epoch_loader, resume_training, training_identity
 
 TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=2",
-        "train.warmup_epochs=1", "folds.k=2", "train.randaug_n=1", "train.heatmap_lambda=1.0"]
+        "train.warmup_epochs=1", "folds.k=2", "folds.train=[0,1]", "train.randaug_n=1", "train.heatmap_lambda=1.0"]
 CUDA = torch.device("cuda")
 
 
@@ -226,7 +226,8 @@ def test_fp16_gradscaler_state_goes_through_the_checkpoint(tiny_workspace):
     cache, train_idx, _ = load_fold(ws / "cache", ws / "folds.csv", 0)
     setup = build_training(cfg, cache, train_idx, torch.device("cpu"))
     assert setup.scaler is not None and setup.scaler.is_enabled()
-    assert resume_training(setup, ws / "fp16cut" / "fold0", cache.schema, 0)[0] == 1
+    identity = training_identity(cfg, ws / "cache", ws / "folds.csv", setup.amp)
+    assert resume_training(setup, ws / "fp16cut" / "fold0", cache.schema, 0, identity)[0] == 1
     assert setup.scaler.state_dict() == ck["scaler"]
 
     resumed = fit(cfg, 0, ws / "cache", ws / "folds.csv", ws / "fp16cut", resume=True)

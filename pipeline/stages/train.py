@@ -31,6 +31,7 @@ from pipeline.training.setup import (
     load_fold,
     make_epoch_loader,
     resume_training,
+    training_identity,
 )
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,10 @@ def fit(cfg: Config, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: s
     if not is_main:  # and only rank 0 logs progress: the other ranks report warnings only
         logging.getLogger("pipeline").setLevel(logging.WARNING)
     setup = build_training(cfg, cache, train_idx, resolve_device(device_name), rank, world)
-    meta = checkpoint_meta(setup, cache, fold)
-    start_epoch, best_mae, history = resume_training(setup, out, cache.schema, fold) if resume else (0, float("inf"), [])
+    identity = training_identity(cfg, cache_dir, folds_path, setup.amp)
+    meta = checkpoint_meta(setup, cache, fold, identity)
+    start_epoch, best_mae, history = (resume_training(setup, out, cache.schema, fold, identity) if resume
+                                      else (0, float("inf"), []))
 
     last_path = out / "last.pt"
     if is_main:
@@ -185,7 +188,8 @@ def _log_live(live, row: dict) -> None:
 @click.option("--out", "out_root", default=MODELS_DIR, show_default=True, help="writes <out>/fold{K}/")
 @click.option("--live", "live_dir", default=None, help="DVCLive folder (default dvclive/fold{K})")
 @click.option("--resume/--no-resume", default=True, show_default=True,
-              help="continue from <out>/fold{K}/last.pt when it was made with the same params")
+              help="continue from <out>/fold{K}/last.pt when it was made from the same inputs (params, cache, "
+                   "folds file, code, precision)")
 @config_options
 def train_cmd(fold, cache, folds_path, out_root, live_dir, resume, cfg):
     """Train one fold from the crop cache and the folds file."""

@@ -15,10 +15,11 @@ import numpy as np
 import torch
 
 from pipeline.core.config import DEFAULTS, Config, TrainParams, params_source, result_params
-from pipeline.core.device import amp_dtype, use_channels_last, use_compile, use_sync_bn
+from pipeline.core.device import amp_dtype, resolve_device, use_channels_last, use_compile, use_sync_bn
+from pipeline.core.digest import file_sha256, folder_sha256, source_sha256
 from pipeline.core.errors import PipelineError
 from pipeline.core.heap import keep_freed_memory, use_keep_freed_memory
-from pipeline.formats.cache import load_cache
+from pipeline.formats.cache import load_cache, read_info
 from pipeline.formats.checkpoint import crop_stamp, load_checkpoint
 from pipeline.formats.folds import read_folds
 from pipeline.keypoints.geometry import crop_to_input
@@ -35,6 +36,10 @@ log = logging.getLogger(__name__)
 # The params sections a fold's training depends on: a checkpoint made under other values
 # of these is not resumed.
 TRAIN_SECTIONS = ("data", "crop", "folds", "model", "train")
+# the train stage's command module: the code a training runs is its import closure (the
+# pipeline/ deps of dvc.yaml's train stage)
+TRAIN_COMMAND = "pipeline.stages.train"
+PRECISION_NAMES = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def _config_key(cfg: Config | dict) -> dict:
@@ -47,6 +52,42 @@ def _config_key(cfg: Config | dict) -> dict:
         defaults = DEFAULTS.model_dump()
         cfg = {s: {**defaults.get(s, {}), **v} if isinstance(v, dict) else v for s, v in cfg.items()}
     return result_params(cfg, TRAIN_SECTIONS, drop_runtime=True)
+
+
+def cache_identity(split: str | Path) -> dict[str, str]:
+    """A cache split's identity: its crop run's id (info.json `run`) and the sha256 of its
+    files (the run id names what crop read, not the code that cropped it)."""
+    return {"run": str(read_info(split)[0].get("run")), "content": folder_sha256(split)}
+
+
+def training_identity(cfg: Config, cache_dir: str | Path, folds_path: str | Path,
+                      amp: torch.dtype | None) -> dict[str, Any]:
+    """What made a fold's weights, one named part each: the params that decide the result,
+    the training cache, folds.csv, the code training runs (comments aside) and the autocast
+    dtype actually used (`train.amp: auto` differs between machines). Every checkpoint
+    stores it; a run resumes only from a checkpoint of the same identity. An input that
+    joins the training (another cache) is one more entry here."""
+    return {"params": _config_key(cfg),
+            "cache": cache_identity(Path(cache_dir) / "train"),
+            "folds": file_sha256(folds_path),
+            "code": source_sha256(TRAIN_COMMAND),
+            "precision": PRECISION_NAMES[amp]}
+
+
+def identity_mismatch(stored: Any, current: dict[str, Any]) -> list[str]:
+    """The parts of `current` (a `training_identity`) that a checkpoint's stored identity
+    does not match; a checkpoint without one (made before identities were stored) matches
+    none. Stored params pass through `_config_key`, so a param added since keeps its default."""
+    if not isinstance(stored, dict):
+        return list(current)
+    differ = []
+    for name in dict.fromkeys([*current, *stored]):
+        theirs = stored.get(name)
+        if name == "params" and isinstance(theirs, dict):
+            theirs = _config_key(theirs)
+        if theirs != current.get(name):
+            differ.append(name)
+    return differ
 
 
 @dataclass(frozen=True)
@@ -189,24 +230,28 @@ def load_fold(cache_dir: str | Path, folds_path: str | Path, fold: int):
     return cache, np.flatnonzero(fold_of != fold), np.flatnonzero(fold_of == fold)
 
 
-def checkpoint_meta(setup: TrainSetup, cache, fold: int) -> dict[str, Any]:
-    """What every checkpoint of this run carries besides the weights and the step state."""
+def checkpoint_meta(setup: TrainSetup, cache, fold: int, identity: dict[str, Any]) -> dict[str, Any]:
+    """What every checkpoint of this run carries besides the weights and the step state:
+    `identity` is the run's `training_identity`."""
     # "crop": the geometry of the cache the model actually saw (params may name another
     # size than the cache on disk); standalone prediction must crop new faces the same way
     return {"model_config": setup.model.config, "schema": cache.schema.to_dict(), "config": setup.cfg.model_dump(),
             "crop": crop_stamp(cache.faces.shape[1], cache.info["expand"], cache.info.get("label_origin", 0.0)),
-            "mean_shape": setup.mean_shape.tolist(), "fold": fold}
+            "mean_shape": setup.mean_shape.tolist(), "fold": fold, "identity": identity}
 
 
-def resume_training(setup: TrainSetup, out: Path, schema, fold: int) -> tuple[int, float, list[dict]]:
-    """Load out/last.pt into the setup when it was made with the same params: (epochs done,
-    best val MAE, history); (0, inf, []) when there is nothing to resume."""
+def resume_training(setup: TrainSetup, out: Path, schema, fold: int,
+                    identity: dict[str, Any]) -> tuple[int, float, list[dict]]:
+    """Load out/last.pt into the setup when it was made from the same inputs (`identity`,
+    the run's `training_identity`): (epochs done, best val MAE, history); (0, inf, []) when
+    there is nothing to resume, with one log line saying which inputs differ."""
     last_path = out / "last.pt"
     if not last_path.exists():
         return 0, float("inf"), []
     ck = load_checkpoint(last_path, "cpu", schema)
-    if not _made_with(ck, setup.cfg):
-        log.info("fold %d: %s was trained with other params; starting afresh", fold, last_path)
+    differ = identity_mismatch(ck.get("identity"), identity)
+    if differ:
+        log.info("fold %d: %s was made from other inputs (%s); training afresh", fold, last_path, ", ".join(differ))
         return 0, float("inf"), []
     setup.model.load_state_dict(ck["model"])
     fused = [g.get("fused") for g in setup.optimizer.param_groups]
@@ -225,16 +270,18 @@ def resume_training(setup: TrainSetup, out: Path, schema, fold: int) -> tuple[in
     return ck["epoch"], best_mae, history
 
 
-def _made_with(ck: dict, cfg: Config) -> bool:
-    """Whether checkpoint `ck` was trained under `cfg`'s params (those that decide the result)."""
-    return "config" in ck and _config_key(ck["config"]) == _config_key(cfg)
-
-
-def trained_epochs(out: Path, cfg: Config) -> int:
-    """The epochs `resume_training` would find done in out/last.pt under `cfg`: 0 when there
-    is no last.pt or other params made it (the fold would train afresh)."""
+def trained_epochs(out: Path, cfg: Config, cache_dir: str | Path, folds_path: str | Path) -> int:
+    """The epochs `resume_training` would find done in out/last.pt for a run of `cfg` on
+    this cache and folds.csv (on this machine: the precision `train.amp` resolves to here):
+    0 when there is no last.pt, it was made from other inputs, or the inputs cannot be read
+    (the training then says why)."""
     last_path = out / "last.pt"
     if not last_path.exists():
         return 0
+    try:
+        amp = amp_dtype(cfg.train.amp, resolve_device(cfg.train.device))
+        identity = training_identity(cfg, cache_dir, folds_path, amp)
+    except (PipelineError, OSError):
+        return 0
     ck = load_checkpoint(last_path, "cpu", None)
-    return int(ck["epoch"]) if _made_with(ck, cfg) else 0
+    return 0 if identity_mismatch(ck.get("identity"), identity) else int(ck["epoch"])

@@ -96,7 +96,8 @@ def test_changed_params_do_not_resume(tiny_workspace, caplog):
     with caplog.at_level("INFO"):
         m = fit(load_config(None, TINY + ["train.epochs=1", "train.lr=0.002"]), 0, ws / "cache",
                 ws / "folds.csv", ws / "p", resume=True)
-    assert "starting afresh" in caplog.text and m["epochs"] == 1
+    assert f"{ws / 'p' / 'fold0' / 'last.pt'} was made from other inputs (params); training afresh" in caplog.text
+    assert m["epochs"] == 1
 
 
 def test_a_fold_made_from_other_inputs_trains_afresh_and_says_why(tiny_workspace, tmp_path, caplog, monkeypatch):
