@@ -243,7 +243,9 @@ class TrainParams(Section):
     val_every: int = param(1, "validate every N epochs and after the last one (best.pt is chosen among the "
                               "validated epochs); 1 = every epoch", ge=1)
     device: str = param("auto", "auto | cpu | cuda | cuda:N", runtime=True)
-    num_workers: int = param(0, "loader worker processes (0 = main process)", ge=0, runtime=True)
+    num_workers: int = param(0, "loader worker processes (0 = main process); each sample's augmentation is "
+                                "seeded by (seed, epoch, sample), so any count trains the same model", ge=0,
+                             runtime=True)
     seed: int = param(0, "weights, sampling and augmentation", ge=0)
     grad_clip: float = param(0.0, "max grad norm, 0 = off", ge=0, le=1e9)
 

@@ -195,24 +195,25 @@ def build_training(cfg: Config, cache, train_idx: np.ndarray, device: torch.devi
     state = StepState(0, steps_per_epoch * tcfg.epochs,
                       round(tcfg.warmup_epochs * steps_per_epoch), tcfg.lr)
     augment = TrainAugment.from_config(schema, cache_size, cfg)  # model.input_size and the train section
-    dataset = FaceDataset(cache.faces, cache.keypoints, train_idx, augment, mcfg.in_chans)
+    # each sample's augmentation from its own generator (train.seed, epoch, sample): the same
+    # batches whatever train.num_workers, so the worker count is a runtime param
+    dataset = FaceDataset(cache.faces, cache.keypoints, train_idx, augment, mcfg.in_chans, seed=tcfg.seed)
     sampler = EpochSampler(len(dataset), tcfg.seed, rank=rank, world=world)
     return TrainSetup(cfg, device, amp, channels_last, model, net, optimizer, scaler, loss_fn, dataset, sampler,
                       state, rank_batch, mean_shape, rank, world, ema, runtime)
 
 
 def make_epoch_loader(setup: TrainSetup, epoch: int):
-    """The DeviceLoader of epoch `epoch` (0-based): the sampler's order and the augmentation
-    draws are fixed by (train.seed, epoch, rank), so a resumed run sees exactly the batches
-    the uninterrupted one saw.
-
-    Seeds torch's global RNG, which the augmentation draws from when train.num_workers is
-    0 (in the loader's producer thread): nothing else may draw from it during the epoch."""
+    """The DeviceLoader of epoch `epoch` (0-based): the sampler's order is fixed by
+    (train.seed, epoch) and each sample's augmentation by (train.seed, epoch, sample), so a
+    resumed run sees exactly the batches the uninterrupted one saw, at any
+    train.num_workers. Torch's global RNG (and each worker's) is seeded per epoch and rank
+    as well, for anything else that may draw from it."""
     tcfg = setup.cfg.train
-    # per rank too, or every DDP rank would draw the same augmentation sequence
     epoch_seed = tcfg.seed * 1000 + epoch + 1_000_003 * setup.rank
     torch.manual_seed(epoch_seed)
     setup.sampler.set_epoch(epoch)
+    setup.dataset.set_epoch(epoch)
     loader = make_loader(setup.dataset, setup.batch_size, setup.sampler, setup.device, tcfg.num_workers,
                          drop_last=False, seed=epoch_seed)
     return DeviceLoader(loader, setup.device, setup.channels_last)
