@@ -261,7 +261,8 @@ class PredictParams(Section):
     batch_size: int = param(64, "faces a forward; flip TTA doubles it", ge=1)
     device: str = param("auto", "auto | cpu | cuda | cuda:N")
     amp: Amp = param("auto", "autocast of predict's forward passes: auto (CUDA: bf16 where native, else fp16; "
-                             "CPU: off) | on | off | bf16 | fp16. Training's validation follows train.amp")
+                             "CPU: off) | on | off | bf16 | fp16. Training's validation runs as auto does, so a "
+                             "fold's val NME is its OOF NME without TTA")
     checkpoint: str = param("best.pt", "which file of models/fold{K}/")
 
 

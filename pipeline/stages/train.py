@@ -4,8 +4,10 @@ pipeline/training/setup.py) + per epoch `make_epoch_loader`, `train_steps` and `
 
 Checkpoints go to models/fold{K}/last.pt every epoch and best.pt at the lowest validation
 MAE (in original-image pixels) among the validated epochs (every `train.val_every`-th and the
-last). `--resume` continues from last.pt when it was written by
-the same configuration; a run whose params changed starts afresh."""
+last), scored as `pipeline predict` scores out of fold without TTA (so metrics.json's val NME
+is the fold's OOF NME without TTA). `--resume` continues from last.pt when it was made from
+the same inputs (`training_identity`: params, cache, folds.csv, code, precision); otherwise
+the fold trains afresh and the log says which inputs differ."""
 
 from __future__ import annotations
 
@@ -91,12 +93,12 @@ def fit(cfg: Config, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: s
                      fold, epoch + 1, tr["loss"], tcfg.val_every, tr["images_per_s"], 100 * tr["data_wait_frac"])
             _save_epoch(setup, meta, out, epoch, best_mae, history, is_main, world, live)
             continue
-        ev = evaluate(setup.model, cache, val_idx, meta, 64, setup.device, tcfg.amp)
+        ev = evaluate(setup.model, cache, val_idx, meta, 64, setup.device)
         row.update(val_mae=ev["mae"], val_nme=ev["nme"])
         weights = {"raw": setup.model}
         ema_note = ""
         if setup.ema is not None:
-            ev_ema = evaluate(setup.ema.module, cache, val_idx, meta, 64, setup.device, tcfg.amp)
+            ev_ema = evaluate(setup.ema.module, cache, val_idx, meta, 64, setup.device)
             row.update(val_mae_ema=ev_ema["mae"], val_nme_ema=ev_ema["nme"])
             weights["ema"] = setup.ema.module
             ema_note = f"  EMA MAE {ev_ema['mae']:.3f} px  NME {100 * ev_ema['nme']:.2f}%"

@@ -270,8 +270,8 @@ def test_a_folds_val_nme_is_its_oof_nme_without_tta(tiny_workspace, tmp_path):
                  history=False)
     val = json.loads((tmp_path / "models" / "fold0" / "metrics.json").read_text())
     oof = json.loads((tmp_path / "metrics" / "oof.json").read_text())["per_fold"]["0"]
-    assert val["val_nme"] == pytest.approx(oof["nme_notta"], rel=1e-5, abs=0)
-    assert val["val_mae"] == pytest.approx(oof["mae_notta"], rel=1e-5, abs=0)
+    assert val["val_nme"] == pytest.approx(oof["nme_notta"], rel=1e-6, abs=0)
+    assert val["val_mae"] == pytest.approx(oof["mae_notta"], rel=1e-6, abs=0)
 
 
 def test_tta_none_with_jitter_is_a_one_line_param_error(tiny_workspace, trained, tmp_path, capsys):
