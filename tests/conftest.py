@@ -132,7 +132,7 @@ def viz_ws(tiny_workspace, demo_dir, tmp_path_factory):
     ws = tiny_workspace
     out = tmp_path_factory.mktemp("vizws")
     cfg = load_config(None, [f"data.dir={demo_dir}", "crop.side=32", "model.input_size=32", "train.epochs=1",
-                             "train.batch_size=16", "train.device=cpu", "folds.k=2"])
+                             "train.batch_size=16", "train.device=cpu", "folds.k=2", "folds.train=[0,1]"])
     fit(cfg, 0, ws / "cache", ws / "folds.csv", out / "models", resume=False)
     ckpt_path = out / "models" / "fold0" / "best.pt"
     model, ckpt = load_model(ckpt_path, "cpu")

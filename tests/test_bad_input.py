@@ -814,7 +814,7 @@ def nose1_checkpoint(tmp_path_factory, demo_dir, tiny_workspace) -> Path:
 
     ws = tmp_path_factory.mktemp("nose1")
     cfg = load_config(None, [f"data.dir={demo_dir}", "data.schema=nose1", "crop.side=32", "crop.n_jobs=1",
-                             "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2",
+                             "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2", "folds.train=[0,1]",
                              "train.randaug_n=0"])
     run_crop(cfg, ws / "cache")
     fit(cfg, 0, ws / "cache", tiny_workspace / "folds.csv", ws / "models", resume=False)

@@ -80,12 +80,15 @@ def test_override_beats_file(tmp_path):
 def test_override_below_a_mapping_keeps_its_other_keys(tmp_path):
     # a recipe's model.options must survive `--set model.options.X=...` (bench variants, screens)
     p = tmp_path / "p.yaml"
-    p.write_text("model:\n  options:\n    decoder_levels: 4\n    stem: {a: 1}\n")
-    cfg = load_config(p, ["model.options.depths=[1, 1, 2, 2]", "model.options.stem.b=2"])
-    assert cfg.model.options == {"decoder_levels": 4, "depths": [1, 1, 2, 2], "stem": {"a": 1, "b": 2}}
+    p.write_text("model:\n  options:\n    decoder_levels: 4\n    stem_widths: [8, 8, 16]\n")
+    cfg = load_config(p, ["model.options.depths=[1, 1, 2, 2]"])
+    assert cfg.model.options == {"decoder_levels": 4, "stem_widths": [8, 8, 16], "depths": [1, 1, 2, 2]}
+    # a path below a mapping inside the mapping: copied down to the leaf, its other keys kept
+    nested = cfg.model_copy(update={"model": cfg.model.model_copy(update={"options": {"stem": {"a": 1}}})})
+    assert parse_override("model.options.stem.b=2", nested) == {"model": {"options": {"stem": {"a": 1, "b": 2}}}}
     cfg = load_config(p, ["model.options={width: 0.5}"])  # the mapping itself: replaced whole
     assert cfg.model.options == {"width": 0.5}
-    assert load_config(p).model.options == {"decoder_levels": 4, "stem": {"a": 1}}  # not mutated
+    assert load_config(p).model.options == {"decoder_levels": 4, "stem_widths": [8, 8, 16]}  # not mutated
 
 
 def test_int_accepted_for_float_and_stored_as_float(tmp_path):
