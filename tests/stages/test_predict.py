@@ -11,6 +11,7 @@ import torch
 from pipeline.cli import main
 from pipeline.core.config import load_config
 from pipeline.formats.cache import load_cache
+from pipeline.formats.checkpoint import load_checkpoint
 from pipeline.formats.submission import read_submission
 from pipeline.inference.tta import predict_crops
 from pipeline.keypoints.schema import IBUG68
@@ -199,12 +200,12 @@ def test_submit_xml_writes_the_stage_csv_byte_for_byte(tiny_workspace, trained, 
 
 def test_submit_xml_calibrates_only_with_the_checkpoints_predict_used(tiny_workspace, trained, demo_dir, tmp_path,
                                                                    capsys, caplog):
-    """Issue 48, finding 2: test.npz records the content hashes of the checkpoints it was
-    made from and the predict params it needs; `submit --xml --calibration auto` applies
-    its bias only for those very checkpoints (not others at the same paths, retrained after
-    predict ran) and those params, even without predictions/params.resolved.yaml, and
-    otherwise says in one line that it skipped and why."""
-    import hashlib
+    """Issue 48, finding 2: test.npz records the identity (content hash of the weights and
+    crop geometry) of the checkpoints it was made from and the predict params it needs;
+    `submit --xml --calibration auto` applies its bias only for those very checkpoints (not
+    others at the same paths, retrained after predict ran) and those params, even without
+    predictions/params.resolved.yaml, and otherwise says in one line that it skipped and why."""
+    from pipeline.formats.checkpoint import checkpoint_identity
 
     ws, root = tiny_workspace, tmp_path / "proj"
     ckpts = _project(trained, root)
@@ -213,8 +214,15 @@ def test_submit_xml_calibrates_only_with_the_checkpoints_predict_used(tiny_works
           "--out", str(root / "predictions")] + over)
     test_npz = root / "predictions" / "test.npz"
     z = np.load(test_npz)
-    assert [str(h) for h in z["checkpoint_sha256"]] == [hashlib.sha256(open(c, "rb").read()).hexdigest()
-                                                       for c in ckpts]
+    loaded = [load_checkpoint(c) for c in ckpts]
+    assert [str(h) for h in z["checkpoint_identity"]] == [checkpoint_identity(ck) for ck in loaded]
+    assert len(set(z["checkpoint_identity"])) == 2
+    # what the weights predict with, not the file's bytes: a run's params (recorded in the
+    # checkpoint, speed-only ones included) do not change it, one weight does
+    other_params = {**loaded[0], "config": {**loaded[0]["config"], "crop": {"n_jobs": 7}}}
+    assert checkpoint_identity(other_params) == checkpoint_identity(loaded[0])
+    moved = {**loaded[0], "model": {k: v + 1e-3 if v.is_floating_point() else v for k, v in loaded[0]["model"].items()}}
+    assert checkpoint_identity(moved) != checkpoint_identity(loaded[0])
     xml = demo_dir / load_config(None).data.test_xml
 
     def submit(name, *extra):
