@@ -1,7 +1,6 @@
 """Shared fixtures: a small demo data set, its crop cache and folds, and the real
 ibug300w-mini set when ../shared is present (tests that need it skip otherwise)."""
 
-import ast
 import struct
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 import torch
 
 from pipeline.core.config import load_config
+from pipeline.core.digest import module_file, module_imports  # noqa: F401  # test_layers: the package's import scan
 from pipeline.formats.annotations import xml_text
 
 REPO = Path(__file__).resolve().parents[1]
@@ -129,33 +129,6 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
     return code, out.out, out.err
 
 
-# ------------------------------------------------------------------ import graph (test_dvc, test_layers)
-
-def module_file(mod: str) -> Path | None:
-    p = REPO.joinpath(*mod.split("."))
-    if (p / "__init__.py").exists():
-        return p / "__init__.py"
-    return p.with_suffix(".py") if p.with_suffix(".py").exists() else None
-
-
-def module_imports(path: Path, mod: str) -> set[str]:
-    """pipeline.* modules named by any import statement in the file (anywhere in it,
-    function-level imports included)."""
-    pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
-    out: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            out |= {a.name for a in node.names}
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = pkg.split(".")
-                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
-            out.add(base)
-            out |= {f"{base}.{a.name}" for a in node.names}  # `from pipeline import x` may be a module
-    return {m for m in out if m.split(".")[0] == "pipeline"}
-
-
 # ------------------------------------------------------------------ pictures (tests/tools, tests/formats)
 
 @pytest.fixture(scope="session")
@@ -174,7 +147,7 @@ def viz_ws(tiny_workspace, demo_dir, tmp_path_factory):
     ws = tiny_workspace
     out = tmp_path_factory.mktemp("vizws")
     cfg = load_config(None, [f"data.dir={demo_dir}", "crop.side=32", "model.input_size=32", "train.epochs=1",
-                             "train.batch_size=16", "train.device=cpu", "folds.k=2"])
+                             "train.batch_size=16", "train.device=cpu", "folds.k=2", "folds.train=[0,1]"])
     fit(cfg, 0, ws / "cache", ws / "folds.csv", out / "models", resume=False)
     ckpt_path = out / "models" / "fold0" / "best.pt"
     model, ckpt = load_model(ckpt_path, "cpu")

@@ -567,6 +567,27 @@ def set_infinite_lr(tmp, tiny_workspace):
     return case
 
 
+def set_scale_range_reversed(tmp, tiny_workspace):
+    """Issue 48, finding 5: a reversed scale range ended in a traceback at training start."""
+    case = _train_case(tmp, tiny_workspace, tiny_workspace / "folds.csv", "train.scale_min=2")
+    case.names = ["--set train.scale_min=2"]
+    case.problem = r"'train\.scale_min' 2 must be <= 'train\.scale_max' 1\.3333333$"
+    return case
+
+
+def set_train_folds_beyond_k(tmp, tiny_workspace):
+    case = _train_case(tmp, tiny_workspace, tiny_workspace / "folds.csv", "folds.train=[0,7]")
+    case.names, case.problem = ["--set folds.train=[0,7]"], r"'folds\.train' \[0, 7\] must name folds of 'folds\.k' 2"
+    return case
+
+
+def params_model_option_wrong_type(demo_dir, tmp):
+    """A preset's option of the wrong type is refused by every command, crop included,
+    before any work (it failed only at model build, after the crop and the folds)."""
+    return _params_case(demo_dir, tmp, "data:\n  dir: {ds}\nmodel:\n  options: {{decoder_levels: three}}\n",
+                        r"'model\.options\.decoder_levels' of preset 'resunet-tiny' must be an integer, got 'three'")
+
+
 def _edited_folds(tmp, ws, edit) -> Path:
     import pandas as pd
 
@@ -865,6 +886,7 @@ CASES = {f.__name__: f for f in (
     box_far_outside_image, box_absurdly_large, image_declares_huge_size, image_declares_zero_width,
     params_nan_expand, params_zero_expand, params_duplicated_key, params_problem_found_late_names_that_file,
     set_nonpositive_train_numbers, set_negative_epochs, set_infinite_lr,
+    set_scale_range_reversed, set_train_folds_beyond_k, params_model_option_wrong_type,
     folds_rows_shuffled, folds_rows_missing_predict, checkpoint_other_crop_geometry, caches_of_two_crop_runs,
     solution_too_short, crop_into_foreign_folder,
     submit_out_dir_is_a_file, score_json_parent_is_a_file, submission_name_nul_byte, output_path_nul_byte,
@@ -887,7 +909,7 @@ def nose1_checkpoint(tmp_path_factory, demo_dir, tiny_workspace) -> Path:
 
     ws = tmp_path_factory.mktemp("nose1")
     cfg = load_config(None, [f"data.dir={demo_dir}", "data.schema=nose1", "crop.side=32", "crop.n_jobs=1",
-                             "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2",
+                             "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2", "folds.train=[0,1]",
                              "train.randaug_n=0"])
     run_crop(cfg, ws / "cache")
     fit(cfg, 0, ws / "cache", tiny_workspace / "folds.csv", ws / "models", resume=False)

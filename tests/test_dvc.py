@@ -22,34 +22,9 @@ import pytest
 import yaml
 
 from pipeline.cli import COMMANDS
+from pipeline.core.digest import code_deps, imported_modules
 
-from conftest import REPO, git_dvc_project, module_file, module_imports
-
-# argument parsing and error formatting: no output depends on them
-NOT_CODE_DEPS = {"pipeline/__init__.py", "pipeline/__main__.py", "pipeline/cli.py", "pipeline/core/errors.py"}
-
-
-def imported_modules(mod: str) -> set[str]:
-    """The transitive closure of a module's pipeline imports."""
-    seen: set[str] = set()
-    todo = [mod]
-    while todo:
-        m = todo.pop()
-        f = module_file(m)
-        if f is None or m in seen:
-            continue
-        seen.add(m)
-        todo += module_imports(f, m)
-    return seen
-
-
-def code_deps_of(mods: set[str]) -> set[str]:
-    """Module names -> dvc.yaml code deps: the module's file, or the whole folder pipeline/models
-    (its __init__ re-exports every preset, so importing one module runs them all)."""
-    deps = set()
-    for m in mods:
-        deps.add("pipeline/models" if m.startswith("pipeline.models") else str(module_file(m).relative_to(REPO)))
-    return deps - NOT_CODE_DEPS
+from conftest import REPO, git_dvc_project
 
 
 def _stages() -> dict[str, dict]:
@@ -68,7 +43,7 @@ def test_imports_are_found():
     # checkpoint and flip are imported inside functions, two modules down (inference)
     assert {"pipeline.formats.checkpoint", "pipeline.inference.tta", "pipeline.keypoints.geometry", "pipeline.keypoints.flip",
             "pipeline.keypoints.preprocess"} <= mods
-    assert "pipeline/models" in code_deps_of(mods) and "pipeline/cli.py" not in code_deps_of(mods)
+    assert "pipeline/models" in code_deps(mods) and "pipeline/cli.py" not in code_deps(mods)
 
 
 @pytest.mark.parametrize("stage", list(_stages()))
@@ -77,7 +52,7 @@ def test_code_deps_match_the_imports_of_the_stage_command(stage):
     argv = st["cmd"].split()
     assert argv[0] == "pipeline" and argv[1] in COMMANDS, st["cmd"]
     module = COMMANDS[argv[1]].split(":")[0]
-    want = code_deps_of(imported_modules(module))
+    want = code_deps(imported_modules(module))
     have = {d for d in st.get("deps", []) if d.startswith("pipeline/")}
     assert not want - have, f"dvc.yaml stage {stage}: add deps {sorted(want - have)}"
     assert not have - want, f"dvc.yaml stage {stage}: {sorted(have - want)} not imported by `{st['cmd']}`"
@@ -264,7 +239,7 @@ def test_extra_training_faces_through_dvc_repro(tmp_path):
     info = json.loads((root / "data" / "extra" / "more" / "info.json").read_text())
     assert info["n"] == 12 and (root / "data" / "extra" / "README.md").exists()
     ck = torch.load(root / "models" / "fold0" / "last.pt", weights_only=True)
-    assert ck["extra_train"] == {"more": info["run"]}
+    assert ck["identity"]["extra_train"]["more"]["run"] == info["run"]
     assert run("repro") == []
 
 

@@ -27,10 +27,10 @@ from pipeline.stages.train import fit
 from pipeline.training.distributed import init_distributed
 from pipeline.training.loader import seed_worker
 from pipeline.training.loop import evaluate, train_steps
-from pipeline.training.setup import build_training, load_fold, make_epoch_loader, resume_training
+from pipeline.training.setup import build_training, load_fold, make_epoch_loader, resume_training, training_identity
 
 TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=2",
-        "train.warmup_epochs=1", "folds.k=2", "train.randaug_n=1", "train.heatmap_lambda=1.0"]
+        "train.warmup_epochs=1", "folds.k=2", "folds.train=[0,1]", "train.randaug_n=1", "train.heatmap_lambda=1.0"]
 CUDA = torch.device("cuda")
 
 
@@ -144,8 +144,14 @@ def test_dataloader_workers_run_opencv_single_threaded():
         cv2.setNumThreads(before)
 
 
-def test_validation_and_predict_follow_their_amp_setting(tiny_workspace, monkeypatch):
+def test_validation_runs_as_predict_auto_and_predict_follows_its_amp_setting(tiny_workspace, monkeypatch):
+    """Validation is scored as predict scores out of fold (predict.amp auto: fp32 on a CPU),
+    also on a CPU whose native bf16 makes train.amp auto train in bf16; predict follows
+    predict.amp."""
+    import pipeline.core.device as device
 
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda flags=None: True)
+    assert device.amp_dtype("auto", torch.device("cpu"), "train.amp") == torch.bfloat16
     seen = []
 
     def spy(model, faces, **kw):
@@ -158,11 +164,10 @@ def test_validation_and_predict_follow_their_amp_setting(tiny_workspace, monkeyp
     ckpt = {"model_config": {"input_size": 32, "in_chans": 3}, "schema": cache.schema.to_dict(),
             "crop": {"size": 32, "expand": 1.25, "label_origin": 0.0}}
     cpu = torch.device("cpu")
-    evaluate(None, cache, np.arange(2), ckpt, 8, cpu, "off")
-    evaluate(None, cache, np.arange(2), ckpt, 8, cpu, "bf16")
+    evaluate(None, cache, np.arange(2), ckpt, 8, cpu)
     inference.predict_original(None, ckpt, cache.faces[:2], cache.crop_to_orig[:2], "flip", 8, cpu, amp="fp16")
     inference.predict_original(None, ckpt, cache.faces[:2], cache.crop_to_orig[:2], "flip", 8, cpu)
-    assert seen == [None, torch.bfloat16, torch.float16, None]
+    assert seen == [None, torch.float16, None]
 
 
 def test_bf16_autocast_steps_keep_the_softmax_and_the_regulariser_in_fp32(tiny_workspace, monkeypatch):
@@ -226,7 +231,8 @@ def test_fp16_gradscaler_state_goes_through_the_checkpoint(tiny_workspace):
     cache, train_idx, _ = load_fold(ws / "cache", ws / "folds.csv", 0)
     setup = build_training(cfg, cache, train_idx, torch.device("cpu"))
     assert setup.scaler is not None and setup.scaler.is_enabled()
-    assert resume_training(setup, ws / "fp16cut" / "fold0", cache.schema, 0)[0] == 1
+    identity = training_identity(cfg, ws / "cache", ws / "folds.csv", setup.amp)
+    assert resume_training(setup, ws / "fp16cut" / "fold0", cache.schema, 0, identity)[0] == 1
     assert setup.scaler.state_dict() == ck["scaler"]
 
     resumed = fit(cfg, 0, ws / "cache", ws / "folds.csv", ws / "fp16cut", resume=True)

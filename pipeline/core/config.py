@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import copy
 import functools
+import math
 import os
 import re
 import warnings
 from pathlib import Path
-from typing import Any, Iterable, Literal, Optional, get_args, get_origin
+from typing import Any, Callable, Iterable, Literal, Optional, get_args, get_origin
 
 import click
 import yaml
@@ -206,7 +207,7 @@ GROUP_REGEX = r"^(?P<photo>.+?)(?:_\d{1,2})?(?:_mirror)?$"
 class FoldsParams(Section):
     k: int = param(5, "number of folds", ge=2)
     seed: int = param(0, "shuffling of photo groups", ge=0)
-    train: list[int] = param([0, 1, 2, 3, 4], "folds that get a train stage in dvc.yaml (each < k)",
+    train: list[int] = param([0, 1, 2, 3, 4], "folds that get a train stage in dvc.yaml (each < k, each once)",
                              must="a list of fold numbers (integers >= 0)")
     group_regex: str = param(GROUP_REGEX, "photo groups kept in one fold: a regex on each image path without "
                                           "its extension, its named group 'photo' is the group",
@@ -231,12 +232,51 @@ class FoldsParams(Section):
         return v
 
 
+# The options each model preset takes (`model.options`) and their types, so that a params
+# file is checked when it is loaded, before torch is imported or a model is built: the keys of
+# each preset's constructor (pipeline/models; tests/models/test_registry.py keeps the two
+# equal). Kinds: int, number, bool, string, ints (a list of integers); "... or null".
+_RESUNET_OPTIONS = {"block": "string", "depths": "ints", "width": "number", "stem_widths": "ints",
+                    "decoder_widths": "ints or null", "decoder_block": "string or null", "upsample": "string",
+                    "blurpool": "bool", "act": "string", "input_skip": "bool", "zero_init_last": "bool",
+                    "decoder_levels": "int", "map_upsample": "int"}
+MODEL_OPTIONS: dict[str, dict[str, str]] = {
+    "resunet72": _RESUNET_OPTIONS, "resunet-tiny": _RESUNET_OPTIONS, "resunet26-half": _RESUNET_OPTIONS,
+    "resunet-fast": _RESUNET_OPTIONS,
+    "vgg-seed": {"widths": "ints", "convs": "ints", "fc_width": "int", "act": "string"},
+    "resnet50-fc": {},
+}
+_OPTION_WORDS = {"int": "an integer", "number": "a number", "bool": "true or false", "string": "a string",
+                 "ints": "a list of integers"}
+
+
+def _option_ok(kind: str, value: Any) -> bool:
+    if kind.endswith(" or null") and value is None:
+        return True
+    kind = kind.removesuffix(" or null")
+    if kind == "int":
+        return type(value) is int
+    if kind == "number":
+        return type(value) in (int, float) and math.isfinite(value)
+    if kind == "bool":
+        return isinstance(value, bool)
+    if kind == "string":
+        return isinstance(value, str)
+    return isinstance(value, list) and all(type(v) is int for v in value)  # ints
+
+
+def _option_words(kind: str) -> str:
+    base = kind.removesuffix(" or null")
+    return _OPTION_WORDS[base] + (" or null" if base != kind else "")
+
+
 class ModelParams(Section):
     model_config = ConfigDict(protected_namespaces=())
     preset: str = param("resunet-tiny", "registry name, see `pipeline models`")
     input_size: int = param(64, "network input side in pixels", ge=8, le=4096)
     in_chans: int = param(3, "3 = colour, 1 = grayscale", must="1 or 3")
-    options: dict[str, Any] = param({}, "preset keyword overrides (width, blurpool, act, decoder_levels, map_upsample, ...)")
+    options: dict[str, Any] = param({}, "preset keyword overrides (width, blurpool, act, decoder_levels, map_upsample, "
+                                        "...): each must be an option of the preset, of its type")
 
     @field_validator("in_chans")
     @classmethod
@@ -270,7 +310,7 @@ class TrainParams(Section):
     heatmap_lambda: float = param(1.0, "weight of the DSNT heatmap regulariser (JS to a Gaussian), 0 = off",
                                   ge=0, le=1e6)
     heatmap_sigma: float = param(1.0, "its Gaussian's sigma in heatmap pixels", gt=0, le=1e3)
-    scale_min: float = param(0.75, "random resize range, low end", gt=0, le=100)
+    scale_min: float = param(0.75, "random resize range, low end (<= scale_max)", gt=0, le=100)
     scale_max: float = param(1.3333333, "random resize range, high end", gt=0, le=100)
     flip: float = param(0.5, "horizontal flip probability (indices remapped by the schema)", ge=0, le=1)
     randaug_n: int = param(2, "RandAugment number of ops (0 disables)", ge=0)
@@ -298,7 +338,9 @@ class TrainParams(Section):
     val_every: int = param(1, "validate every N epochs and after the last one (best.pt is chosen among the "
                               "validated epochs); 1 = every epoch", ge=1)
     device: str = param("auto", "auto | cpu | cuda | cuda:N", runtime=True)
-    num_workers: int = param(0, "loader worker processes (0 = main process)", ge=0, runtime=True)
+    num_workers: int = param(0, "loader worker processes (0 = main process); each sample's augmentation is "
+                                "seeded by (seed, epoch, sample), so any count trains the same model", ge=0,
+                             runtime=True)
     seed: int = param(0, "weights, sampling and augmentation", ge=0)
     grad_clip: float = param(0.0, "max grad norm, 0 = off", ge=0, le=1e9)
 
@@ -314,7 +356,8 @@ class PredictParams(Section):
     batch_size: int = param(64, "faces a forward; flip TTA doubles it", ge=1)
     device: str = param("auto", "auto | cpu | cuda | cuda:N")
     amp: Amp = param("auto", "autocast of predict's forward passes: auto (CUDA: bf16 where native, else fp16; "
-                             "CPU: off) | on | off | bf16 | fp16. Training's validation follows train.amp")
+                             "CPU: off) | on | off | bf16 | fp16. Training's validation runs as auto does, so a "
+                             "fold's val NME is its OOF NME without TTA")
     checkpoint: str = param("best.pt", "which file of models/fold{K}/")
 
 
@@ -592,10 +635,54 @@ def params_source(*keys: str) -> str:
 
 
 def with_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
-    """`cfg` with `key=value` overrides merged in, checked as --set's."""
+    """`cfg` with `key=value` overrides merged in, checked as --set's, then the rules
+    between keys checked on the result (`check_params`)."""
+    overrides = list(overrides)
     for text in overrides:
         cfg = merge(cfg, parse_override(text, cfg), f"--set {text}")
+    sets = {t.split("=", 1)[0].strip(): t for t in overrides}
+
+    def blame(*keys: str) -> str:  # these overrides first: a caller's (bench variants) are not in _SOURCE
+        for key in keys:
+            for set_key, text in reversed(list(sets.items())):
+                if key == set_key or key.startswith(set_key + "."):
+                    return f"--set {text}"
+        return params_source(*keys)
+
+    check_params(cfg, blame)
     return cfg
+
+
+def check_params(cfg: Config, blame: Callable[..., str] | None = None) -> None:
+    """The rules between keys, checked once the params file and every --set are merged (so
+    that `--set folds.k=2 --set folds.train=[0,1]` passes): train.scale_min <= scale_max,
+    folds.train within range(folds.k) and each fold once, model.preset registered and each
+    of model.options an option of that preset, of its type. One line naming the keys;
+    `blame(*keys)` names where they came from (default `params_source`)."""
+    blame = blame or params_source
+    t, f, m = cfg.train, cfg.folds, cfg.model
+    if t.scale_min > t.scale_max:
+        raise PipelineError(blame("train.scale_min", "train.scale_max"),
+                            f"'train.scale_min' {t.scale_min:.12g} must be <= 'train.scale_max' {t.scale_max:.12g}")
+    if any(fold >= f.k for fold in f.train):
+        raise PipelineError(blame("folds.train", "folds.k"),
+                            f"'folds.train' {f.train} must name folds of 'folds.k' {f.k} (0..{f.k - 1})")
+    twice = [fold for i, fold in enumerate(f.train) if fold in f.train[:i]]
+    if twice:
+        raise PipelineError(blame("folds.train"), f"'folds.train' {f.train} names fold {twice[0]} twice")
+    if m.preset not in MODEL_OPTIONS:
+        raise PipelineError(blame("model.preset"), f"'model.preset' must be a registered preset "
+                                                   f"({', '.join(MODEL_OPTIONS)}), got {m.preset!r}")
+    known = MODEL_OPTIONS[m.preset]
+    for name, value in m.options.items():
+        if name not in known:
+            raise PipelineError(blame(f"model.options.{name}", "model.preset"),
+                                f"'model.options' of preset '{m.preset}': unknown option {name!r} "
+                                f"(known: {', '.join(sorted(known)) or 'none'})")
+        if not _option_ok(known[name], value):
+            raise PipelineError(blame(f"model.options.{name}", "model.preset"),
+                                f"'model.options.{name}' of preset '{m.preset}' must be "
+                                f"{_option_words(known[name])}, got {value!r}")
 
 
 def load_config(params: str | os.PathLike | None = "params.yaml", overrides: Iterable[str] = ()) -> Config:

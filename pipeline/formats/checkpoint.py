@@ -3,6 +3,8 @@ with `torch.load(weights_only=True)` so loading one never runs pickled code."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import pickle
 import re
@@ -21,6 +23,20 @@ REQUIRED = ("model_config", "model", "schema", "epoch")
 
 def save_checkpoint(path: str | os.PathLike, ckpt: dict[str, Any]) -> None:
     torch_save(path, ckpt)
+
+
+def checkpoint_identity(ckpt: dict[str, Any]) -> str:
+    """The sha256 of what a checkpoint predicts with: its model config, crop geometry,
+    schema and weights (name, dtype, shape and bytes of each tensor). Two checkpoints of the
+    same identity give the same predictions, whatever else they carry (the params of the run,
+    its optimizer state), so predictions name the checkpoints they were made from by it."""
+    h = hashlib.sha256()
+    head = {k: ckpt.get(k) for k in ("model_config", "crop", "schema")}
+    h.update(json.dumps(head, sort_keys=True, default=str).encode())
+    for name, t in sorted(ckpt["model"].items()):
+        data = t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes()
+        h.update(f"\0{name}\0{t.dtype}\0{tuple(t.shape)}\0{len(data)}\0".encode() + data)
+    return h.hexdigest()
 
 
 def _load_failure(e: BaseException) -> str:

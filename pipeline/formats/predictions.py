@@ -4,7 +4,11 @@ of each file.
 - `test.npz`: `ensemble` (N, K, 2) original px, what submit writes; `ensemble_raw` the
   fold mean before OOF calibration; `per_fold` (F, N, K, 2); `folds` (F,); `bias` (K, 2);
   `calibrated` () bool; `oof_kind` () str: the oof.npz array made the way `ensemble` was
-  (`tta`, or `plain` when predict.tta is none); `face_id` (N,) str, the test cache's faces.
+  (`tta`, or `plain` when predict.tta is none); `face_id` (N,) str, the test cache's faces;
+  what made it, where `pipeline predict` wrote it (not `pipeline blend`): `checkpoint_identity`
+  (F,) str, each fold checkpoint's `checkpoint_identity` (the sha256 of its weights and
+  geometry), and `predict_params` () str, the predict section as JSON (so `submit --xml` knows
+  which checkpoints and params its bias is for).
 - `oof.npz`: `tta`, `plain` (N, K, 2) out-of-fold predictions of the training faces
   (NaN where a fold was not trained); `fold` (N,); `face_id` (N,) str, the training cache's
   faces.
@@ -15,9 +19,10 @@ of each file.
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
-from typing import Sequence
+from typing import Any, Sequence
 
 import numpy as np
 
@@ -43,13 +48,22 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 
 def write_test_predictions(path: str | os.PathLike, *, ensemble: np.ndarray, ensemble_raw: np.ndarray,
                            per_fold: np.ndarray, folds: Sequence[int] | np.ndarray, bias: np.ndarray, calibrated: bool,
-                           oof_kind: str, face_id: Sequence[str] | np.ndarray, keypoint_names: Sequence[str]) -> None:
+                           oof_kind: str, face_id: Sequence[str] | np.ndarray, keypoint_names: Sequence[str],
+                           checkpoint_identity: Sequence[str] | None = None,
+                           predict_params: dict[str, Any] | None = None) -> None:
+    """`checkpoint_identity` (one per fold, in `folds` order) and `predict_params` name what
+    made the predictions; a blend, made of several runs, gives neither."""
     if oof_kind not in ("tta", "plain"):
         raise ValueError(f"oof_kind must be tta or plain, got {oof_kind!r}")
+    if checkpoint_identity is not None and len(checkpoint_identity) != len(folds):
+        raise ValueError(f"{len(checkpoint_identity)} checkpoint identities for {len(folds)} folds")
+    made = {} if checkpoint_identity is None else {"checkpoint_identity": _text(checkpoint_identity)}
+    if predict_params is not None:
+        made["predict_params"] = np.array(json.dumps(predict_params, sort_keys=True))
     _write_npz(Path(path), {"ensemble": ensemble, "ensemble_raw": ensemble_raw, "per_fold": per_fold,
                             "folds": np.asarray(folds), "bias": bias, "calibrated": np.array(calibrated),
                             "oof_kind": np.array(oof_kind), "face_id": _text(face_id),
-                            "keypoint_names": _text(keypoint_names)})
+                            "keypoint_names": _text(keypoint_names), **made})
 
 
 def write_oof_predictions(path: str | os.PathLike, *, tta: np.ndarray, plain: np.ndarray, fold: np.ndarray,
@@ -58,8 +72,10 @@ def write_oof_predictions(path: str | os.PathLike, *, tta: np.ndarray, plain: np
                             "keypoint_names": _text(keypoint_names)})
 
 
-def read_predictions(path: str | os.PathLike, keys: Sequence[str]) -> dict[str, np.ndarray]:
-    """Arrays `keys` of a predictions file (test.npz or oof.npz)."""
+def read_predictions(path: str | os.PathLike, keys: Sequence[str],
+                     optional: Sequence[str] = ()) -> dict[str, np.ndarray]:
+    """Arrays `keys` of a predictions file (test.npz or oof.npz), and those of `optional`
+    that it holds."""
     path = Path(path)
     if not path.exists():
         raise PipelineError(path, "predictions not found (run `pipeline predict` first)")
@@ -68,7 +84,7 @@ def read_predictions(path: str | os.PathLike, keys: Sequence[str]) -> dict[str, 
             missing = [k for k in keys if k not in z.files]
             if missing:
                 raise PipelineError(path, f"missing array(s) {', '.join(missing)} (has {sorted(z.files)})")
-            return {k: np.asarray(z[k]) for k in keys}
+            return {k: np.asarray(z[k]) for k in (*keys, *(k for k in optional if k in z.files))}
     except PipelineError:
         raise
     except Exception as e:  # zipfile.BadZipFile, ValueError, OSError

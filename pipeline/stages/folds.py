@@ -70,11 +70,7 @@ def run_folds(cfg: Config, cache: str | Path, out_path: str | Path) -> np.ndarra
     train_split = Path(cache) / "train"
     meta_path = train_split / "meta.csv"
     meta = read_meta(train_split)
-    fcfg = cfg.folds
-    bad = [f for f in fcfg.train if not (isinstance(f, int) and 0 <= f < fcfg.k)]
-    if bad:
-        raise PipelineError(params_source("folds.train", "folds.k"),
-                            f"folds.train has {bad}, folds are 0..{fcfg.k - 1}")
+    fcfg = cfg.folds  # folds.train within folds.k: checked when the params were loaded (check_params)
     groups = group_faces(meta, fcfg.group_regex, meta_path)
     fold = make_folds(groups.to_numpy(), fcfg.k, fcfg.seed, source=str(meta_path))
     write_folds(out_path, meta, groups, fold)

@@ -1,13 +1,14 @@
 """The `submit` stage: the competition CSV (pipeline/formats/submission.py) from the test
 predictions (pipeline/formats/predictions.py), or, standalone, from any test XML and checkpoints
-(a `Landmarker`, with the OOF calibration `pipeline predict` fitted for those checkpoints, so
-that the standalone CSV of the test XML is the stage's, byte for byte, under the same
-predict.amp and device: another precision moves the predictions, not the bias, so those two
-are not compared). The coordinates are
+(a `Landmarker`, with the OOF calibration `pipeline predict` fitted for those very checkpoints,
+compared by their weights, and predict params, so that the standalone CSV of the test XML is the
+stage's, byte for byte, under the same predict.amp and device: another precision moves the
+predictions, not the bias, so those two are not compared). The coordinates are
 validated against the test cache's face and keypoint counts before anything is written."""
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import re
@@ -17,7 +18,7 @@ from typing import Sequence
 import click
 import numpy as np
 
-from pipeline.core.config import Config, PredictParams, config_options, params_source, read_resolved
+from pipeline.core.config import Config, PredictParams, config_options, params_source
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, input_file
 from pipeline.core.paths import CACHE_DIR, PREDICTIONS_DIR
@@ -55,47 +56,56 @@ def project_predictions(checkpoints: Sequence[str | os.PathLike]) -> Path | None
     return paths[0].parent.parent.parent / PREDICTIONS_DIR / "test.npz"
 
 
-def _fold_of(path: str | os.PathLike, meta: dict) -> int | None:
-    if isinstance(meta.get("fold"), int):
-        return meta["fold"]
-    m = re.fullmatch(r"fold(\d+)", Path(path).parent.name)
-    return int(m.group(1)) if m else None
+def _identity(path: str | os.PathLike, meta: dict) -> str | None:
+    """The `checkpoint_identity` of a loaded model: from its checkpoint dict (the torch
+    backend's meta), else read from the .pt file; None for an exported .onnx model."""
+    from pipeline.formats.checkpoint import checkpoint_identity, load_checkpoint
+
+    if "model" in meta:
+        return checkpoint_identity(meta)
+    return None if Path(path).suffix == ".onnx" else checkpoint_identity(load_checkpoint(path))
 
 
 def calibration_mismatch(test_npz: Path, predict_cfg: PredictParams, checkpoints: Sequence[str | os.PathLike],
                          metas: Sequence[dict], schema) -> str | None:
-    """Why the OOF calibration in `test_npz` is not the one `pipeline predict` would fit for
-    these checkpoints under these predict params (None: it is)."""
-    z = read_predictions(test_npz, ("folds", "oof_kind", "keypoint_names"))
+    """Why the OOF calibration in `test_npz` is not the one `pipeline predict` fitted for
+    these checkpoints under these predict params (None: it is). The checkpoints are compared
+    by what they predict with (test.npz records each one's `checkpoint_identity`: weights and
+    geometry), the params by what test.npz records."""
+    z = read_predictions(test_npz, ("oof_kind", "keypoint_names"), optional=("checkpoint_identity", "predict_params"))
     if [str(n) for n in z["keypoint_names"]] != list(schema.names):
         return f"its keypoints are not those of schema '{schema.name}'"
-    folds = sorted(int(f) for f in z["folds"].reshape(-1))
-    found = [_fold_of(c, m) for c, m in zip(checkpoints, metas)]
-    ours = sorted(f for f in found if f is not None)
-    if len(ours) != len(checkpoints) or ours != folds:
-        return f"made with fold(s) {folds}, not the checkpoints' {ours or 'unknown folds'}"
+    if "checkpoint_identity" not in z or "predict_params" not in z:
+        return "it does not record the checkpoints and predict params it was made with (rerun `pipeline predict`)"
+    made = [str(h) for h in z["checkpoint_identity"].reshape(-1)]
+    for c, meta in zip(checkpoints, metas):
+        if _identity(c, meta) not in made:
+            return f"made from other checkpoints than {c} (not the weights `pipeline predict` used)"
+    if len(checkpoints) != len(made):
+        return f"made from {len(made)} checkpoint(s), not these {len(checkpoints)}"
     want_kind = "tta" if predict_cfg.tta == "flip" else "plain"
     if str(z["oof_kind"]) != want_kind:
         return (f"fitted on '{z['oof_kind']}' OOF predictions, this run's predict.tta {predict_cfg.tta} "
                 f"needs '{want_kind}'")
-    resolved = test_npz.parent / "params.resolved.yaml"
-    if resolved.is_file():
-        theirs = read_resolved(resolved).get("predict", {})
-        for key in ("tta", "tta_jitter", "calibrate"):
-            if key in theirs and theirs[key] != getattr(predict_cfg, key):
-                return f"made with predict.{key} {theirs[key]}, this run has {getattr(predict_cfg, key)}"
-        name = theirs.get("checkpoint")
-        if name is not None and any(Path(c).name != name for c in checkpoints):
-            return f"made with the checkpoints named {name}"
+    try:
+        theirs = json.loads(str(z["predict_params"]))
+    except ValueError:
+        theirs = None
+    if not isinstance(theirs, dict):
+        return "its predict_params are not readable (rerun `pipeline predict`)"
+    for key in ("tta", "tta_jitter", "calibrate"):
+        if theirs.get(key) != getattr(predict_cfg, key):
+            return f"made with predict.{key} {theirs.get(key)}, this run has {getattr(predict_cfg, key)}"
     return None
 
 
 def xml_calibration(choice: str, predict_cfg: PredictParams, checkpoints: Sequence[str | os.PathLike],
                     metas: Sequence[dict], schema) -> np.ndarray | None:
     """The OOF bias (K, 2) `submit --xml` subtracts, or None. choice: off; a predictions
-    test.npz (its bias when it says it was applied; an error when it was made for other
-    checkpoints or predict params); auto: the same from the checkpoints' project
-    (`project_predictions`) when it is there, a warning and no calibration when it does not fit."""
+    test.npz (its bias when it says it was applied; an error when it was made from other
+    checkpoints, by their weights, or other predict params); auto: the same from the checkpoints'
+    project (`project_predictions`) when it is there, one warning line saying why and no
+    calibration when it does not fit."""
     if choice == "off" or predict_cfg.calibrate == "off":
         return None
     path = project_predictions(checkpoints) if choice == "auto" else Path(choice)

@@ -4,8 +4,10 @@ pipeline/training/setup.py) + per epoch `make_epoch_loader`, `train_steps` and `
 
 Checkpoints go to models/fold{K}/last.pt every epoch and best.pt at the lowest validation
 MAE (in original-image pixels) among the validated epochs (every `train.val_every`-th and the
-last). `--resume` continues from last.pt when it was written by
-the same configuration; a run whose params changed starts afresh."""
+last), scored as `pipeline predict` scores out of fold without TTA (so metrics.json's val NME
+is the fold's OOF NME without TTA). `--resume` continues from last.pt when it was made from
+the same inputs (`training_identity`: params, cache, folds.csv, code, precision); otherwise
+the fold trains afresh and the log says which inputs differ."""
 
 from __future__ import annotations
 
@@ -31,6 +33,7 @@ from pipeline.training.setup import (
     load_fold,
     make_epoch_loader,
     resume_training,
+    training_identity,
 )
 
 log = logging.getLogger(__name__)
@@ -61,9 +64,10 @@ def fit(cfg: Config, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: s
     if not is_main:  # and only rank 0 logs progress: the other ranks report warnings only
         logging.getLogger("pipeline").setLevel(logging.WARNING)
     setup = build_training(cfg, cache, train_idx, resolve_device(device_name), rank, world)
-    meta = checkpoint_meta(setup, cache, fold)
-    start_epoch, best_mae, history = resume_training(setup, out, cache.schema, fold, meta["extra_train"]) \
-        if resume else (0, float("inf"), [])
+    identity = training_identity(cfg, cache_dir, folds_path, setup.amp, extra_root)
+    meta = checkpoint_meta(setup, cache, fold, identity)
+    start_epoch, best_mae, history = (resume_training(setup, out, cache.schema, fold, identity) if resume
+                                      else (0, float("inf"), []))
 
     last_path = out / "last.pt"
     if is_main:
@@ -90,12 +94,12 @@ def fit(cfg: Config, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: s
                      fold, epoch + 1, tr["loss"], tcfg.val_every, tr["images_per_s"], 100 * tr["data_wait_frac"])
             _save_epoch(setup, meta, out, epoch, best_mae, history, is_main, world, live)
             continue
-        ev = evaluate(setup.model, cache, val_idx, meta, 64, setup.device, tcfg.amp)
+        ev = evaluate(setup.model, cache, val_idx, meta, 64, setup.device)
         row.update(val_mae=ev["mae"], val_nme=ev["nme"])
         weights = {"raw": setup.model}
         ema_note = ""
         if setup.ema is not None:
-            ev_ema = evaluate(setup.ema.module, cache, val_idx, meta, 64, setup.device, tcfg.amp)
+            ev_ema = evaluate(setup.ema.module, cache, val_idx, meta, 64, setup.device)
             row.update(val_mae_ema=ev_ema["mae"], val_nme_ema=ev_ema["nme"])
             weights["ema"] = setup.ema.module
             ema_note = f"  EMA MAE {ev_ema['mae']:.3f} px  NME {100 * ev_ema['nme']:.2f}%"
@@ -189,7 +193,8 @@ def _log_live(live, row: dict) -> None:
               help="the caches of data.extra_train: <extra>/<name>/ (`pipeline crop-extra`)")
 @click.option("--live", "live_dir", default=None, help="DVCLive folder (default dvclive/fold{K})")
 @click.option("--resume/--no-resume", default=True, show_default=True,
-              help="continue from <out>/fold{K}/last.pt when it was made with the same params")
+              help="continue from <out>/fold{K}/last.pt when it was made from the same inputs (params, cache, "
+                   "folds file, code, precision)")
 @config_options
 def train_cmd(fold, cache, folds_path, out_root, extra_root, live_dir, resume, cfg):
     """Train one fold from the crop cache and the folds file (plus data.extra_train's faces)."""

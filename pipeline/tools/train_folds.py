@@ -73,13 +73,15 @@ def plan_waves(folds: list[int], cpus: list[int], jobs: int) -> list[list[FoldJo
     return waves
 
 
-def pending_folds(cfg: Config, out_root: str | Path = MODELS_DIR, extra_root: str | Path = EXTRA_DIR) -> dict[int, int]:
+def pending_folds(cfg: Config, out_root: str | Path = MODELS_DIR, cache_dir: str | Path = CACHE_DIR,
+                  folds_path: str | Path = FOLDS_FILE, extra_root: str | Path = EXTRA_DIR) -> dict[int, int]:
     """{fold: epochs already done} for the folds of `folds.train` whose last.pt is missing,
-    made with other params or extra faces, or not at train.epochs yet: those `pipeline
-    train --resume` would still train."""
+    made from other inputs (params, the cache, the folds file, the extra caches, the code,
+    the precision) or not at train.epochs yet: those `pipeline train --resume` would still train."""
     from pipeline.training.setup import trained_epochs
 
-    done = {f: trained_epochs(Path(out_root) / f"fold{f}", cfg, extra_root) for f in cfg.folds.train}
+    done = {f: trained_epochs(Path(out_root) / f"fold{f}", cfg, cache_dir, folds_path, extra_root)
+            for f in cfg.folds.train}
     return {f: d for f, d in done.items() if d < cfg.train.epochs}
 
 
@@ -107,9 +109,9 @@ def train_folds(params_path: str = "params.yaml", overrides: tuple[str, ...] = (
         log.info("train.device is %s: nothing to run side by side; `dvc repro` trains the folds one at a time",
                  device)
         return []
-    pending = pending_folds(cfg, out_root, extra_root)
+    pending = pending_folds(cfg, out_root, cache_dir, folds_path, extra_root)
     if not pending:
-        log.info("every fold of folds.train %s is trained to %d epochs with these params",
+        log.info("every fold of folds.train %s is trained to %d epochs from these inputs",
                  list(cfg.folds.train), cfg.train.epochs)
         return []
     cpus = available_cpus()

@@ -50,7 +50,9 @@ torchvision 0.29 (checked numerically, see tests/training/test_augment.py)
 Randomness
 ----------
 Every draw goes through `generator` when one is passed to `__call__`, otherwise through
-torch's global RNG (what a DataLoader seeds per worker). Same seed -> same samples.
+torch's global RNG. Training passes each sample a generator of its own, seeded by
+(train.seed, epoch, sample) (pipeline/training/loader.py `FaceDataset`), so the draws do not
+depend on which DataLoader worker makes the sample. Same seed -> same samples.
 """
 
 from __future__ import annotations

@@ -23,18 +23,38 @@ class FaceDataset(Dataset):
     """Faces `indices` of a cache, each passed through `transform(image, keypoints)`.
 
     The cache array is memory-mapped; each item reads one face (no per-epoch disk
-    reads once the pages are in RAM) and stays uint8 end to end."""
+    reads once the pages are in RAM) and stays uint8 end to end.
+
+    With a `seed`, item i of epoch e (`set_epoch`) is transformed with
+    `generator=sample_generator(i)`, a generator of its own seeded by (seed, e, i): its
+    augmentation is the same in the main process and in any DataLoader worker, whatever
+    the number of workers and the order they take the items in."""
 
     def __init__(self, faces: np.ndarray, keypoints: np.ndarray | None, indices: np.ndarray,
-                 transform, in_chans: int = 3):
+                 transform, in_chans: int = 3, seed: int | None = None):
         self.faces = faces  # (N, S, S, 3) uint8, memory-mapped
         self.keypoints = keypoints  # (N, K, 2) float32 crop px, or None (test set)
         self.indices = np.asarray(indices, dtype=np.int64)
         self.transform = transform
         self.in_chans = in_chans
+        self.seed, self.epoch = seed, 0
 
     def __len__(self) -> int:
         return len(self.indices)
+
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose draws the items make (before a loader's workers copy the dataset)."""
+        self.epoch = epoch
+
+    def sample_generator(self, i: int) -> torch.Generator | None:
+        """Item i's own generator for this epoch, or None without a seed (the transform then
+        draws from torch's global RNG)."""
+        if self.seed is None:
+            return None
+        # SeedSequence mixes the three numbers into well-spread state: neighbouring items
+        # and epochs get unrelated streams
+        state = np.random.SeedSequence([self.seed, self.epoch, i]).generate_state(1, np.uint64)[0]
+        return torch.Generator().manual_seed(int(state))
 
     def __getitem__(self, i: int):
         idx = int(self.indices[i])
@@ -43,7 +63,8 @@ class FaceDataset(Dataset):
             kp = torch.zeros(0, 2)
         else:
             kp = torch.from_numpy(np.asarray(self.keypoints[idx], dtype=np.float32))
-        image, kp = self.transform(image, kp)
+        generator = self.sample_generator(i)
+        image, kp = self.transform(image, kp) if generator is None else self.transform(image, kp, generator=generator)
         return image, kp, idx
 
 
@@ -75,8 +96,9 @@ class EpochSampler(Sampler[int]):
 
 
 def seed_worker(worker_id: int) -> None:
-    # augmentations draw from torch's global RNG; DataLoader seeds each worker from the
-    # base seed, numpy is seeded from it too so nothing else drifts
+    # training's augmentations draw from each sample's own generator (FaceDataset's seed);
+    # anything drawing from the global RNGs in a worker gets torch's per-worker seed, numpy
+    # the same one
     np.random.seed(torch.initial_seed() % 2**32)
     # one thread per worker for OpenCV's warpAffine too (DataLoader does this for torch
     # only): N workers each starting a pool of one thread per core oversubscribe the CPUs

@@ -1,6 +1,6 @@
 """The training loop: `train_one_epoch` (AMP, gradient clipping, the lr schedule per step, a stop
 on the first non-finite loss), `train_steps` of a built setup, and `evaluate` (validation in
-original-image pixels)."""
+original-image pixels, as predict scores out of fold)."""
 
 from __future__ import annotations
 
@@ -133,14 +133,16 @@ class _RunningLoss:
         return self.total / max(1, self.count)
 
 
-def evaluate(model, cache, val_idx: np.ndarray, ckpt_like: dict, batch_size: int, device,
-             amp: str = "auto") -> dict[str, float]:
-    """Validation MAE and NME in original-image pixels (no TTA, to keep epochs short), with
-    autocast as `amp` (train.amp: a run trained in fp32 is validated in fp32)."""
+def evaluate(model, cache, val_idx: np.ndarray, ckpt_like: dict, batch_size: int, device) -> dict[str, float]:
+    """Validation MAE and NME in original-image pixels, scored as `pipeline predict` scores
+    the fold out of fold without TTA: the same crops, resize and decode, under `predict.amp:
+    auto`'s precision (fp32 on a CPU) whatever precision trained the weights, so that best.pt
+    is chosen by, and metrics.json holds, the figures its OOF predictions give (up to the
+    rounding of predict's BatchNorm folded into the convolutions)."""
     if len(val_idx) == 0:
         return {"mae": float("nan"), "nme": float("nan")}
     pred = predict_original(model, ckpt_like, cache.faces[val_idx], cache.crop_to_orig[val_idx], "none",
-                            batch_size, device, amp=amp, amp_key="train.amp")["final"]
+                            batch_size, device, amp="auto", amp_key="predict.amp")["final"]
     truth = cache.keypoints_orig[val_idx]
     eyes = cache.schema.eyes
     # None without eyes (or eyes out of range); a PipelineError naming the cache when no

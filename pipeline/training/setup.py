@@ -15,18 +15,19 @@ import numpy as np
 import torch
 
 from pipeline.core.config import DEFAULTS, Config, TrainParams, params_source, result_params
-from pipeline.core.device import amp_dtype, use_channels_last, use_compile, use_sync_bn
+from pipeline.core.device import amp_dtype, resolve_device, use_channels_last, use_compile, use_sync_bn
+from pipeline.core.digest import file_sha256, folder_sha256, source_sha256
 from pipeline.core.errors import PipelineError
 from pipeline.core.heap import keep_freed_memory, use_keep_freed_memory
 from pipeline.core.paths import EXTRA_DIR
-from pipeline.formats.cache import load_cache
+from pipeline.formats.cache import load_cache, read_info
 from pipeline.formats.checkpoint import crop_stamp, load_checkpoint
 from pipeline.formats.folds import read_folds
 from pipeline.keypoints.geometry import crop_to_input
 from pipeline.models import create_model
 from pipeline.training.augment import TrainAugment
 from pipeline.training.ema import ModelEma
-from pipeline.training.extras import extra_runs, join_training, load_extras
+from pipeline.training.extras import join_training, load_extras
 from pipeline.training.loader import DeviceLoader, EpochSampler, FaceDataset, make_loader
 from pipeline.training.loop import StepState
 from pipeline.training.losses import loss_from_params
@@ -37,6 +38,10 @@ log = logging.getLogger(__name__)
 # The params sections a fold's training depends on: a checkpoint made under other values
 # of these is not resumed.
 TRAIN_SECTIONS = ("data", "crop", "folds", "model", "train")
+# the train stage's command module: the code a training runs is its import closure (the
+# pipeline/ deps of dvc.yaml's train stage)
+TRAIN_COMMAND = "pipeline.stages.train"
+PRECISION_NAMES = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
 def _config_key(cfg: Config | dict) -> dict:
@@ -49,6 +54,43 @@ def _config_key(cfg: Config | dict) -> dict:
         defaults = DEFAULTS.model_dump()
         cfg = {s: {**defaults.get(s, {}), **v} if isinstance(v, dict) else v for s, v in cfg.items()}
     return result_params(cfg, TRAIN_SECTIONS, drop_runtime=True)
+
+
+def cache_identity(split: str | Path) -> dict[str, str]:
+    """A cache split's identity: its crop run's id (info.json `run`) and the sha256 of its
+    files (the run id names what crop read, not the code that cropped it)."""
+    return {"run": str(read_info(split)[0].get("run")), "content": folder_sha256(split)}
+
+
+def training_identity(cfg: Config, cache_dir: str | Path, folds_path: str | Path,
+                      amp: torch.dtype | None, extra_root: str | Path = EXTRA_DIR) -> dict[str, Any]:
+    """What made a fold's weights, one named part each: the params that decide the result,
+    the training cache, folds.csv, the caches of data.extra_train (under `extra_root`), the
+    code training runs (comments aside) and the autocast dtype actually used (`train.amp:
+    auto` differs between machines). Every checkpoint stores it; a run resumes only from a
+    checkpoint of the same identity. An input that joins the training is one more entry here."""
+    return {"params": _config_key(cfg),
+            "cache": cache_identity(Path(cache_dir) / "train"),
+            "folds": file_sha256(folds_path),
+            "extra_train": {name: cache_identity(Path(extra_root) / name) for name in cfg.data.extra_train},
+            "code": source_sha256(TRAIN_COMMAND),
+            "precision": PRECISION_NAMES[amp]}
+
+
+def identity_mismatch(stored: Any, current: dict[str, Any]) -> list[str]:
+    """The parts of `current` (a `training_identity`) that a checkpoint's stored identity
+    does not match; a checkpoint without one (made before identities were stored) matches
+    none. Stored params pass through `_config_key`, so a param added since keeps its default."""
+    if not isinstance(stored, dict):
+        return list(current)
+    differ = []
+    for name in dict.fromkeys([*current, *stored]):
+        theirs = stored.get(name)
+        if name == "params" and isinstance(theirs, dict):
+            theirs = _config_key(theirs)
+        if theirs != current.get(name):
+            differ.append(name)
+    return differ
 
 
 @dataclass(frozen=True)
@@ -156,24 +198,25 @@ def build_training(cfg: Config, cache, train_idx: np.ndarray, device: torch.devi
     state = StepState(0, steps_per_epoch * tcfg.epochs,
                       round(tcfg.warmup_epochs * steps_per_epoch), tcfg.lr)
     augment = TrainAugment.from_config(schema, cache_size, cfg)  # model.input_size and the train section
-    dataset = FaceDataset(cache.faces, cache.keypoints, train_idx, augment, mcfg.in_chans)
+    # each sample's augmentation from its own generator (train.seed, epoch, sample): the same
+    # batches whatever train.num_workers, so the worker count is a runtime param
+    dataset = FaceDataset(cache.faces, cache.keypoints, train_idx, augment, mcfg.in_chans, seed=tcfg.seed)
     sampler = EpochSampler(len(dataset), tcfg.seed, rank=rank, world=world)
     return TrainSetup(cfg, device, amp, channels_last, model, net, optimizer, scaler, loss_fn, dataset, sampler,
                       state, rank_batch, mean_shape, rank, world, ema, runtime)
 
 
 def make_epoch_loader(setup: TrainSetup, epoch: int):
-    """The DeviceLoader of epoch `epoch` (0-based): the sampler's order and the augmentation
-    draws are fixed by (train.seed, epoch, rank), so a resumed run sees exactly the batches
-    the uninterrupted one saw.
-
-    Seeds torch's global RNG, which the augmentation draws from when train.num_workers is
-    0 (in the loader's producer thread): nothing else may draw from it during the epoch."""
+    """The DeviceLoader of epoch `epoch` (0-based): the sampler's order is fixed by
+    (train.seed, epoch) and each sample's augmentation by (train.seed, epoch, sample), so a
+    resumed run sees exactly the batches the uninterrupted one saw, at any
+    train.num_workers. Torch's global RNG (and each worker's) is seeded per epoch and rank
+    as well, for anything else that may draw from it."""
     tcfg = setup.cfg.train
-    # per rank too, or every DDP rank would draw the same augmentation sequence
     epoch_seed = tcfg.seed * 1000 + epoch + 1_000_003 * setup.rank
     torch.manual_seed(epoch_seed)
     setup.sampler.set_epoch(epoch)
+    setup.dataset.set_epoch(epoch)
     loader = make_loader(setup.dataset, setup.batch_size, setup.sampler, setup.device, tcfg.num_workers,
                          drop_last=False, seed=epoch_seed)
     return DeviceLoader(loader, setup.device, setup.channels_last)
@@ -201,34 +244,28 @@ def load_fold(cache_dir: str | Path, folds_path: str | Path, fold: int, cfg: Con
     return cache, train_idx, val_idx
 
 
-def extras_identity(cache) -> dict[str, str]:
-    """The extra training faces' part of a run's data identity: {name: crop run id} of the
-    data.extra_train caches `load_fold` joined into `cache` ({} without extras). Stored in
-    every checkpoint (`extra_train`) and compared on resuming (`_made_with`), beside the
-    params of `_config_key`: a re-cropped extra folder trains afresh."""
-    return dict(cache.info.get("extra_train", {}))
-
-
-def checkpoint_meta(setup: TrainSetup, cache, fold: int) -> dict[str, Any]:
-    """What every checkpoint of this run carries besides the weights and the step state."""
+def checkpoint_meta(setup: TrainSetup, cache, fold: int, identity: dict[str, Any]) -> dict[str, Any]:
+    """What every checkpoint of this run carries besides the weights and the step state:
+    `identity` is the run's `training_identity`."""
     # "crop": the geometry of the cache the model actually saw (params may name another
     # size than the cache on disk); standalone prediction must crop new faces the same way
     return {"model_config": setup.model.config, "schema": cache.schema.to_dict(), "config": setup.cfg.model_dump(),
             "crop": crop_stamp(cache.faces.shape[1], cache.info["expand"], cache.info.get("label_origin", 0.0)),
-            "mean_shape": setup.mean_shape.tolist(), "fold": fold, "extra_train": extras_identity(cache)}
+            "mean_shape": setup.mean_shape.tolist(), "fold": fold, "identity": identity}
 
 
 def resume_training(setup: TrainSetup, out: Path, schema, fold: int,
-                    extra_train: dict[str, str] | None = None) -> tuple[int, float, list[dict]]:
-    """Load out/last.pt into the setup when it was made with the same params and extra
-    faces (`extra_train`: `extras_identity` of the training cache; None = no extras):
-    (epochs done, best val MAE, history); (0, inf, []) when there is nothing to resume."""
+                    identity: dict[str, Any]) -> tuple[int, float, list[dict]]:
+    """Load out/last.pt into the setup when it was made from the same inputs (`identity`,
+    the run's `training_identity`): (epochs done, best val MAE, history); (0, inf, []) when
+    there is nothing to resume, with one log line saying which inputs differ."""
     last_path = out / "last.pt"
     if not last_path.exists():
         return 0, float("inf"), []
     ck = load_checkpoint(last_path, "cpu", schema)
-    if not _made_with(ck, setup.cfg, extra_train or {}):
-        log.info("fold %d: %s was trained with other params; starting afresh", fold, last_path)
+    differ = identity_mismatch(ck.get("identity"), identity)
+    if differ:
+        log.info("fold %d: %s was made from other inputs (%s); training afresh", fold, last_path, ", ".join(differ))
         return 0, float("inf"), []
     setup.model.load_state_dict(ck["model"])
     fused = [g.get("fused") for g in setup.optimizer.param_groups]
@@ -247,20 +284,19 @@ def resume_training(setup: TrainSetup, out: Path, schema, fold: int,
     return ck["epoch"], best_mae, history
 
 
-def _made_with(ck: dict, cfg: Config, extra_train: dict[str, str]) -> bool:
-    """Whether checkpoint `ck` was trained under `cfg`'s params (those that decide the result)
-    and on the extra faces `extra_train` (`extras_identity`; a checkpoint from before extras
-    existed had none)."""
-    return ("config" in ck and _config_key(ck["config"]) == _config_key(cfg)
-            and dict(ck.get("extra_train") or {}) == extra_train)
-
-
-def trained_epochs(out: Path, cfg: Config, extra_root: str | Path = EXTRA_DIR) -> int:
-    """The epochs `resume_training` would find done in out/last.pt under `cfg` (and its extra
-    caches under `extra_root`): 0 when there is no last.pt or other params or extra faces
-    made it (the fold would train afresh)."""
+def trained_epochs(out: Path, cfg: Config, cache_dir: str | Path, folds_path: str | Path,
+                   extra_root: str | Path = EXTRA_DIR) -> int:
+    """The epochs `resume_training` would find done in out/last.pt for a run of `cfg` on
+    this cache, folds.csv and extra caches (on this machine: the precision `train.amp`
+    resolves to here): 0 when there is no last.pt, it was made from other inputs, or the
+    inputs cannot be read (the training then says why)."""
     last_path = out / "last.pt"
     if not last_path.exists():
         return 0
+    try:
+        amp = amp_dtype(cfg.train.amp, resolve_device(cfg.train.device))
+        identity = training_identity(cfg, cache_dir, folds_path, amp, extra_root)
+    except (PipelineError, OSError):
+        return 0
     ck = load_checkpoint(last_path, "cpu", None)
-    return int(ck["epoch"]) if _made_with(ck, cfg, extra_runs(cfg, extra_root)) else 0
+    return 0 if identity_mismatch(ck.get("identity"), identity) else int(ck["epoch"])

@@ -80,12 +80,15 @@ def test_override_beats_file(tmp_path):
 def test_override_below_a_mapping_keeps_its_other_keys(tmp_path):
     # a recipe's model.options must survive `--set model.options.X=...` (bench variants, screens)
     p = tmp_path / "p.yaml"
-    p.write_text("model:\n  options:\n    decoder_levels: 4\n    stem: {a: 1}\n")
-    cfg = load_config(p, ["model.options.depths=[1, 1, 2, 2]", "model.options.stem.b=2"])
-    assert cfg.model.options == {"decoder_levels": 4, "depths": [1, 1, 2, 2], "stem": {"a": 1, "b": 2}}
+    p.write_text("model:\n  options:\n    decoder_levels: 4\n    stem_widths: [8, 8, 16]\n")
+    cfg = load_config(p, ["model.options.depths=[1, 1, 2, 2]"])
+    assert cfg.model.options == {"decoder_levels": 4, "stem_widths": [8, 8, 16], "depths": [1, 1, 2, 2]}
+    # a path below a mapping inside the mapping: copied down to the leaf, its other keys kept
+    nested = cfg.model_copy(update={"model": cfg.model.model_copy(update={"options": {"stem": {"a": 1}}})})
+    assert parse_override("model.options.stem.b=2", nested) == {"model": {"options": {"stem": {"a": 1, "b": 2}}}}
     cfg = load_config(p, ["model.options={width: 0.5}"])  # the mapping itself: replaced whole
     assert cfg.model.options == {"width": 0.5}
-    assert load_config(p).model.options == {"decoder_levels": 4, "stem": {"a": 1}}  # not mutated
+    assert load_config(p).model.options == {"decoder_levels": 4, "stem_widths": [8, 8, 16]}  # not mutated
 
 
 def test_int_accepted_for_float_and_stored_as_float(tmp_path):
@@ -278,3 +281,55 @@ def write_resolved_text(cfg, sections):
 
     with tempfile.TemporaryDirectory() as d:
         return yaml.safe_load(write_resolved(cfg, Path(d), sections).read_text())
+
+
+# ------------------------------------------------- cross-field checks at load (issue 48, finding 5)
+
+@pytest.mark.parametrize("text, needle", [
+    ("train:\n  scale_min: 2\n  scale_max: 1.5\n", "'train.scale_min' 2 must be <= 'train.scale_max' 1.5"),
+    ("folds:\n  k: 3\n  train: [0, 3]\n", "'folds.train' [0, 3] must name folds of 'folds.k' 3 (0..2)"),
+    ("folds:\n  k: 5\n  train: [7]\n", "'folds.train' [7] must name folds of 'folds.k' 5 (0..4)"),
+    ("folds:\n  k: 3\n  train: [0, 0]\n", "'folds.train' [0, 0] names fold 0 twice"),
+    ("model:\n  preset: resunet-huge\n", "'model.preset' must be a registered preset"),
+    ("model:\n  options: {nosuch: 1}\n", "'model.options' of preset 'resunet-tiny': unknown option 'nosuch'"),
+    ("model:\n  options: {width: wide}\n",
+     "'model.options.width' of preset 'resunet-tiny' must be a number, got 'wide'"),
+    ("model:\n  options: {depths: [1, 1.5, 2, 2]}\n",
+     "'model.options.depths' of preset 'resunet-tiny' must be a list of integers, got [1, 1.5, 2, 2]"),
+    ("model:\n  options: {blurpool: 1}\n", "'model.options.blurpool' of preset 'resunet-tiny' must be true or false, got 1"),
+    ("model:\n  preset: vgg-seed\n  options: {decoder_levels: 3}\n",
+     "'model.options' of preset 'vgg-seed': unknown option 'decoder_levels'"),
+    ("model:\n  preset: resnet50-fc\n  options: {width: 0.5}\n",
+     "'model.options' of preset 'resnet50-fc': unknown option 'width' (known: none)"),
+])
+def test_cross_field_problems_are_refused_at_load_naming_the_keys(tmp_path, text, needle):
+    """Issue 48, finding 5: a reversed scale range, training folds beyond folds.k or named
+    twice, and a preset's option that it does not take or of the wrong type are refused
+    while loading (one line naming the file and the keys), not at training start or model
+    build."""
+    p = tmp_path / "other.yaml"
+    p.write_text(text)
+    with pytest.raises(PipelineError) as e:
+        load_config(p)
+    assert str(e.value).startswith(f"{p}: ") and needle in str(e.value), str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_cross_field_problems_blame_the_set_and_are_checked_after_every_override(tmp_path):
+    """The check runs once the file and every --set are merged: overrides that together
+    make a valid config pass (--set folds.k=2 --set folds.train=[0,1] over k 5); a --set
+    that breaks a rule is named."""
+    p = tmp_path / "p.yaml"
+    p.write_text("folds:\n  k: 5\n  train: [0, 1, 2, 3, 4]\n")
+    cfg = load_config(p, ["folds.k=2", "folds.train=[0,1]"])
+    assert (cfg.folds.k, cfg.folds.train) == (2, [0, 1])
+    with pytest.raises(PipelineError, match=r"^--set folds.k=2: 'folds.train' \[0, 1, 2, 3, 4\] must name folds"):
+        load_config(p, ["folds.k=2"])
+    with pytest.raises(PipelineError, match=r"^--set train.scale_min=2: 'train.scale_min' 2 must be <= "):
+        load_config(None, ["train.scale_min=2"])
+    with pytest.raises(PipelineError, match=r"^--set model.options.act=1: 'model.options.act' of preset "
+                                            r"'resunet-tiny' must be a string, got 1"):
+        load_config(None, ["model.options.act=1"])
+    # the options a recipe gives pass, and a preset's own options pass for it
+    assert load_config(None, ["model.options={decoder_levels: 3, map_upsample: 2, decoder_widths: null}"])
+    assert load_config(None, ["model.preset=vgg-seed", "model.options={widths: [8, 16], convs: [1, 1]}"])

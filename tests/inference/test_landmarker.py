@@ -108,3 +108,65 @@ def test_the_readme_python_api_example(viz_ws, tmp_path, monkeypatch):
     h, w = photo.shape[:2]
     assert (points > -w).all() and (points[..., 0] < 2 * w).all() and (points[..., 1] < 2 * h).all()
     np.testing.assert_array_equal(landmarker.predict(os.path.join(str(tmp_path), "face.jpg")), points)
+
+
+class MeanColour(torch.nn.Module):
+    """Every keypoint at (mean of channel 0, mean of channel 2) of the input, scaled onto it:
+    a model whose answer moves with the pixels and their channel order."""
+
+    def forward(self, x):
+        m = x.mean((2, 3))  # (B, C)
+        xy = torch.stack([m[:, 0], m[:, -1]], -1) * 4 + 16  # (B, 2)
+        return xy[:, None, :].expand(x.shape[0], 68, 2)
+
+
+def _colour_landmarker():
+    return Landmarker([(MeanColour(), _meta(32, 1.25))], tta="none", device="cpu")
+
+
+def test_grey_and_rgba_arrays_are_read_as_their_photo_files_would_be():
+    """Issue 48: a grey (H, W) or (H, W, 1) array is replicated to RGB and an RGBA one loses
+    its alpha, as `read_image` does with such photo files; a float or 16-bit image in range
+    is the uint8 image it holds."""
+    landmarker = _colour_landmarker()
+    grey = IMAGE[..., 1]
+    as_rgb = landmarker.predict(np.repeat(grey[..., None], 3, axis=2), BOXES)
+    np.testing.assert_array_equal(landmarker.predict(grey, BOXES), as_rgb)
+    np.testing.assert_array_equal(landmarker.predict(grey[..., None], BOXES), as_rgb)
+    want = landmarker.predict(IMAGE, BOXES)
+    assert not np.allclose(want, as_rgb)  # control: the model sees the colours
+    rgba = np.dstack([IMAGE, np.full(IMAGE.shape[:2], 7, np.uint8)])
+    np.testing.assert_array_equal(landmarker.predict(rgba, BOXES), want)
+    np.testing.assert_array_equal(landmarker.predict(IMAGE.astype(np.float32), BOXES), want)
+    np.testing.assert_array_equal(landmarker.predict(IMAGE.astype(np.uint16) * 257, BOXES), want)
+    # photo files of the same kinds give the same answers
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as d:
+        cv2.imwrite(os.path.join(d, "grey.png"), grey)
+        cv2.imwrite(os.path.join(d, "rgba.png"), rgba[..., [2, 1, 0, 3]])
+        np.testing.assert_array_equal(landmarker.predict(os.path.join(d, "grey.png"), BOXES), as_rgb)
+        np.testing.assert_array_equal(landmarker.predict(os.path.join(d, "rgba.png"), BOXES), want)
+
+
+@pytest.mark.parametrize("image, needle", [
+    (cv2.imencode(".png", IMAGE)[1].tobytes(), r"got bytes"),
+    (IMAGE.astype(np.float64) * 2, r"float64 image with values outside 0-255 \(0 to 510\)"),
+    (np.full((20, 20, 3), np.nan, np.float32), r"float32 image with values outside 0-255 \(nan"),
+    (IMAGE[None], r"shape \(1, 120, 160, 3\)"),
+    (np.zeros((120, 160, 5), np.uint8), r"shape \(120, 160, 5\)"),
+    (np.zeros((0, 160, 3), np.uint8), r"shape \(0, 160, 3\)"),
+    (IMAGE.astype(np.complex64), r"dtype complex64"),
+    (IMAGE > 100, r"dtype bool"),
+    (np.array([["a", "b"]]), r"dtype <U1"),
+    (None, r"got None"),
+])
+def test_what_cannot_be_an_image_is_one_clear_error_naming_it(image, needle):
+    """Issue 48: bytes, a float image outside 0-255, a wrong shape or dtype give one
+    PipelineError line naming what was given, not an OpenCV or torch traceback."""
+    landmarker = _colour_landmarker()
+    with pytest.raises(PipelineError, match=needle) as e:
+        landmarker.predict(image, BOXES)
+    assert "\n" not in str(e.value)
+    with pytest.raises(PipelineError, match=r"^images\[1\]: .*" + needle):
+        landmarker.predict_batch([IMAGE, image], [BOXES, BOXES])

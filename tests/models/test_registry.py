@@ -483,3 +483,25 @@ def test_models_command_lists_every_preset():
 
 def test_resunet_class_exported():
     assert isinstance(small_model("resunet-tiny"), ResUNet)
+
+
+def test_every_preset_has_its_options_typed_in_the_config():
+    """Issue 48, finding 5: the config checks model.options at load against a table of
+    each preset's options and their types (core cannot build a model, nor import torch):
+    the table names every registered preset and exactly the options its constructor takes,
+    with the constructor's types."""
+    import inspect
+
+    from pipeline.core.config import MODEL_OPTIONS
+    from pipeline.models.registry import _FIXED
+
+    kinds = {"str": "string", "int": "int", "float": "number", "bool": "bool", "Sequence[int]": "ints",
+             "Sequence[int] | None": "ints or null", "str | None": "string or null"}
+    assert set(MODEL_OPTIONS) == set(PRESETS)
+    for name in PRESETS:
+        with torch.device("meta"):
+            cls = type(create_model(name, K, 3, SMALL[name]))
+        params = {k: p for k, p in inspect.signature(cls).parameters.items() if k not in _FIXED}
+        assert set(MODEL_OPTIONS[name]) == set(params), name
+        for option, p in params.items():
+            assert MODEL_OPTIONS[name][option] == kinds[str(p.annotation)], (name, option, p.annotation)

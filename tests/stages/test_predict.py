@@ -11,6 +11,7 @@ import torch
 from pipeline.cli import main
 from pipeline.core.config import load_config
 from pipeline.formats.cache import load_cache
+from pipeline.formats.checkpoint import load_checkpoint
 from pipeline.formats.submission import read_submission
 from pipeline.inference.tta import predict_crops
 from pipeline.keypoints.schema import IBUG68
@@ -19,7 +20,7 @@ from pipeline.stages.train import fit
 from conftest import Fixed, run_cli
 
 TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2",
-        "train.randaug_n=1"]
+        "folds.train=[0,1]", "train.randaug_n=1"]
 
 
 class BrightestColumn(torch.nn.Module):
@@ -195,6 +196,90 @@ def test_submit_xml_writes_the_stage_csv_byte_for_byte(tiny_workspace, trained, 
                             "--calibration", root / "predictions" / "test.npz"] + notta, capsys)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "test.npz: cannot calibrate" in err, err
     assert not (root / "bad.csv").exists()
+
+
+def test_submit_xml_calibrates_only_with_the_checkpoints_predict_used(tiny_workspace, trained, demo_dir, tmp_path,
+                                                                   capsys, caplog):
+    """Issue 48, finding 2: test.npz records the identity (content hash of the weights and
+    crop geometry) of the checkpoints it was made from and the predict params it needs;
+    `submit --xml --calibration auto` applies its bias only for those very checkpoints (not
+    others at the same paths, retrained after predict ran) and those params, even without
+    predictions/params.resolved.yaml, and otherwise says in one line that it skipped and why."""
+    from pipeline.formats.checkpoint import checkpoint_identity
+
+    ws, root = tiny_workspace, tmp_path / "proj"
+    ckpts = _project(trained, root)
+    over = sum((["--set", s] for s in TINY + ["predict.calibrate=on"]), [])
+    main(["predict", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"), "--models", str(root / "models"),
+          "--out", str(root / "predictions")] + over)
+    test_npz = root / "predictions" / "test.npz"
+    z = np.load(test_npz)
+    loaded = [load_checkpoint(c) for c in ckpts]
+    assert [str(h) for h in z["checkpoint_identity"]] == [checkpoint_identity(ck) for ck in loaded]
+    assert len(set(z["checkpoint_identity"])) == 2
+    # what the weights predict with, not the file's bytes: a run's params (recorded in the
+    # checkpoint, speed-only ones included) do not change it, one weight does
+    other_params = {**loaded[0], "config": {**loaded[0]["config"], "crop": {"n_jobs": 7}}}
+    assert checkpoint_identity(other_params) == checkpoint_identity(loaded[0])
+    moved = {**loaded[0], "model": {k: v + 1e-3 if v.is_floating_point() else v for k, v in loaded[0]["model"].items()}}
+    assert checkpoint_identity(moved) != checkpoint_identity(loaded[0])
+    xml = demo_dir / load_config(None).data.test_xml
+
+    def submit(name, *extra):
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            code, _, err = run_cli(["submit", "--xml", xml, "--checkpoints", *ckpts, "--out", root / name,
+                                    *extra] + over, capsys)
+        assert code == 0, err
+        return [r.getMessage() for r in caplog.records if "calibration" in r.getMessage()]
+
+    assert any("applied" in line and "not applied" not in line for line in submit("applied.csv"))
+    submit("raw.csv", "--calibration", "off")
+    assert (root / "applied.csv").read_bytes() != (root / "raw.csv").read_bytes()
+
+    # fold 1 retrained after predict ran (here: one weight moved), at the same path
+    original = open(ckpts[1], "rb").read()
+    ck = torch.load(ckpts[1], weights_only=True)
+    name = next(k for k, v in ck["model"].items() if v.is_floating_point())
+    ck["model"][name] += 0.01
+    torch.save(ck, ckpts[1])
+    lines = submit("other.csv")
+    assert len(lines) == 1 and "OOF calibration not applied" in lines[0] and ckpts[1] in lines[0], lines
+    submit("other_raw.csv", "--calibration", "off")
+    assert (root / "other.csv").read_bytes() == (root / "other_raw.csv").read_bytes()
+    code, _, err = run_cli(["submit", "--xml", xml, "--checkpoints", *ckpts, "--out", root / "bad.csv",
+                            "--calibration", test_npz] + over, capsys)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "test.npz: cannot calibrate" in err, err
+    assert not (root / "bad.csv").exists()
+    with open(ckpts[1], "wb") as f:
+        f.write(original)
+
+    # the predict params come from test.npz itself: without params.resolved.yaml another
+    # tta_jitter (the OOF bias of other views) is still not applied
+    (root / "predictions" / "params.resolved.yaml").unlink()
+    lines = submit("jitter.csv", "--set", "predict.tta_jitter=0.05")
+    assert len(lines) == 1 and "OOF calibration not applied" in lines[0] and "predict.tta_jitter" in lines[0], lines
+    assert any("applied" in line and "not applied" not in line for line in submit("again.csv"))
+    assert (root / "again.csv").read_bytes() == (root / "applied.csv").read_bytes()
+
+
+def test_a_folds_val_nme_is_its_oof_nme_without_tta(tiny_workspace, tmp_path):
+    """Issue 48, finding 4: validation is scored as `pipeline predict` scores out of fold
+    (predict.amp auto's precision, fp32 on a CPU, whatever train.amp; the same decode), so
+    metrics.json's val NME and MAE are the fold's OOF figures without TTA in metrics/oof.json."""
+    from pipeline.stages.evaluate import run_evaluate
+
+    ws = tiny_workspace
+    sets = TINY + ["folds.train=[0]", "train.epochs=2", "train.amp=bf16", "train.device=cpu", "predict.device=cpu"]
+    fit(load_config(None, sets), 0, ws / "cache", ws / "folds.csv", tmp_path / "models", resume=False)
+    main(["predict", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"), "--models", str(tmp_path / "models"),
+          "--out", str(tmp_path / "pred")] + sum((["--set", s] for s in sets), []))
+    run_evaluate(load_config(None, sets), ws / "cache", ws / "folds.csv", tmp_path / "pred", tmp_path / "metrics",
+                 history=False)
+    val = json.loads((tmp_path / "models" / "fold0" / "metrics.json").read_text())
+    oof = json.loads((tmp_path / "metrics" / "oof.json").read_text())["per_fold"]["0"]
+    assert val["val_nme"] == pytest.approx(oof["nme_notta"], rel=1e-6, abs=0)
+    assert val["val_mae"] == pytest.approx(oof["mae_notta"], rel=1e-6, abs=0)
 
 
 def test_tta_none_with_jitter_is_a_one_line_param_error(tiny_workspace, trained, tmp_path, capsys):

@@ -13,7 +13,7 @@ from pipeline.stages.train import fit
 from pipeline.training.optim import get_lr
 
 TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=4",
-        "train.warmup_epochs=1", "folds.k=2", "train.randaug_n=1"]
+        "train.warmup_epochs=1", "folds.k=2", "folds.train=[0,1]", "train.randaug_n=1"]
 
 
 def test_get_lr_warmup_then_cosine():
@@ -96,7 +96,75 @@ def test_changed_params_do_not_resume(tiny_workspace, caplog):
     with caplog.at_level("INFO"):
         m = fit(load_config(None, TINY + ["train.epochs=1", "train.lr=0.002"]), 0, ws / "cache",
                 ws / "folds.csv", ws / "p", resume=True)
-    assert "starting afresh" in caplog.text and m["epochs"] == 1
+    assert f"{ws / 'p' / 'fold0' / 'last.pt'} was made from other inputs (params); training afresh" in caplog.text
+    assert m["epochs"] == 1
+
+
+def test_a_fold_made_from_other_inputs_trains_afresh_and_says_why(tiny_workspace, tmp_path, caplog, monkeypatch):
+    """Issue 48, finding 1: a finished fold whose training inputs changed (the cache's
+    content with its crop run id unchanged, folds.csv, the code training imports, the
+    precision `train.amp: auto` resolves to) trains afresh with one log line naming what
+    differs; the same inputs resume with nothing to train; `trained_epochs` (train-folds)
+    agrees with what the stage does."""
+    import shutil
+
+    import numpy as np
+    import pandas as pd
+
+    import pipeline.core.device as device
+    import pipeline.training.setup as setup_module
+    from pipeline.training.setup import trained_epochs
+
+    ws = tiny_workspace
+    cache, folds = tmp_path / "cache", tmp_path / "folds.csv"
+    shutil.copytree(ws / "cache", cache)
+    shutil.copy(ws / "folds.csv", folds)
+    cfg = load_config(None, TINY + ["train.epochs=1", "train.randaug_n=0"])
+    out = tmp_path / "models"
+    last = out / "fold0" / "last.pt"
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda flags=None: False)  # train.amp auto: fp32 here
+    fit(cfg, 0, cache, folds, out, resume=True)
+    identity = load_checkpoint(last)["identity"]
+    assert set(identity) == {"params", "cache", "folds", "extra_train", "code", "precision"}
+    assert identity["extra_train"] == {} and identity["precision"] == "fp32"
+    assert load_checkpoint(out / "fold0" / "best.pt")["identity"] == identity
+
+    def rerun(expect_epochs: int):
+        assert trained_epochs(out / "fold0", cfg, cache, folds) == expect_epochs
+        before = last.read_bytes()
+        caplog.clear()
+        with caplog.at_level("INFO"):
+            fit(cfg, 0, cache, folds, out, resume=True)
+        assert trained_epochs(out / "fold0", cfg, cache, folds) == 1  # what it left is current
+        return [r.getMessage() for r in caplog.records if "last.pt" in r.getMessage()], last.read_bytes() != before
+
+    lines, changed = rerun(1)  # the same inputs: resumed, nothing trained
+    assert not changed and len(lines) == 1 and "resuming" in lines[0], lines
+
+    fold_of = pd.read_csv(folds)["fold"].to_numpy()
+    kp = np.load(cache / "train" / "keypoints.npy")
+    kp[np.flatnonzero(fold_of == 1)[0], 0, 0] += 3.0  # one training label moved by 3 px, same crop run id
+    np.save(cache / "train" / "keypoints.npy", kp)
+    lines, changed = rerun(0)
+    assert changed and lines == [f"fold 0: {last} was made from other inputs (cache); training afresh"], lines
+
+    df = pd.read_csv(folds)
+    df.loc[np.flatnonzero(fold_of == 1)[1], "fold"] = 0  # one face moved from fold 1 into fold 0
+    df.to_csv(folds, index=False)
+    lines, changed = rerun(0)
+    assert changed and lines == [f"fold 0: {last} was made from other inputs (folds); training afresh"], lines
+
+    with monkeypatch.context() as m:  # other training code (the digest of the modules training imports)
+        m.setattr(setup_module, "source_sha256", lambda *a, **k: "0" * 64)
+        lines, changed = rerun(0)
+    assert lines == [f"fold 0: {last} was made from other inputs (code); training afresh"], lines
+
+    # the same params on a CPU with native bf16: train.amp auto resolves to bf16 there
+    monkeypatch.setattr(device, "cpu_has_native_bf16", lambda flags=None: True)
+    lines, changed = rerun(0)
+    assert changed and lines == [f"fold 0: {last} was made from other inputs (code, precision); training afresh"], \
+        lines
+    assert load_checkpoint(last)["identity"]["precision"] == "bf16"
 
 
 def test_checkpoint_contents_load_weights_only(tiny_workspace):
@@ -282,8 +350,8 @@ def test_extra_faces_train_in_every_fold_and_are_never_validated(tiny_workspace,
 
 
 def test_extra_faces_are_part_of_the_resume_key(tiny_workspace, extra_ws, tmp_path, caplog):
-    """The checkpoint names the extra caches it trained on (name -> crop run id); a run
-    with other extra faces (none, or a re-cropped folder) trains afresh."""
+    """The checkpoint's identity names the extra caches it trained on (name -> crop run id
+    and content); a run with other extra faces (none, or a re-cropped folder) trains afresh."""
     import json
     import shutil
 
@@ -295,14 +363,16 @@ def test_extra_faces_are_part_of_the_resume_key(tiny_workspace, extra_ws, tmp_pa
     fit(cfg, 0, ws / "cache", ws / "folds.csv", out, resume=False, max_epochs=1, extra_root=extra_ws["root"])
     run = json.loads((extra_ws["root"] / "more" / "info.json").read_text())["run"]
     ck = load_checkpoint(out / "fold0" / "last.pt")
-    assert ck["extra_train"] == {"more": run} and ck["config"]["data"]["extra_train"] == {"more": str(extra_ws["folder"])}
-    assert trained_epochs(out / "fold0", cfg, extra_ws["root"]) == 1
-    assert trained_epochs(out / "fold0", load_config(None, TINY + ["train.epochs=2"])) == 0
+    assert ck["identity"]["extra_train"]["more"]["run"] == run
+    assert ck["config"]["data"]["extra_train"] == {"more": str(extra_ws["folder"])}
+    inputs = (ws / "cache", ws / "folds.csv")
+    assert trained_epochs(out / "fold0", cfg, *inputs, extra_ws["root"]) == 1
+    assert trained_epochs(out / "fold0", load_config(None, TINY + ["train.epochs=2"]), *inputs) == 0
     recropped = tmp_path / "extra"
     shutil.copytree(extra_ws["root"] / "more", recropped / "more")
     info = json.loads((recropped / "more" / "info.json").read_text())
     (recropped / "more" / "info.json").write_text(json.dumps({**info, "run": "another"}))
-    assert trained_epochs(out / "fold0", cfg, recropped) == 0
+    assert trained_epochs(out / "fold0", cfg, *inputs, recropped) == 0
     with caplog.at_level("INFO"):
         m = fit(cfg, 0, ws / "cache", ws / "folds.csv", out, resume=True, extra_root=recropped)
-    assert "starting afresh" in caplog.text and m["epochs"] == 2
+    assert "other inputs (extra_train); training afresh" in caplog.text and m["epochs"] == 2

@@ -24,7 +24,7 @@ ort = pytest.importorskip("onnxruntime", reason="onnx backend tests need onnxrun
 # disk: the checkpoint's stamped geometry must win everywhere; with the CPU recipe's
 # upsampled maps, so the ONNX graph carries the bilinear resize before the head
 TINY = ["crop.side=48", "crop.expand=1.6", "model.input_size=32", "train.batch_size=8", "train.epochs=1",
-        "folds.k=2", "train.randaug_n=1", "train.device=cpu", "model.options.map_upsample=2"]
+        "folds.k=2", "folds.train=[0,1]", "train.randaug_n=1", "train.device=cpu", "model.options.map_upsample=2"]
 
 
 
@@ -113,7 +113,7 @@ def test_predict_cli_onnx_backend_agrees_with_torch(trained, tiny_workspace, tmp
     ws = tiny_workspace
     # the fold layout predict expects: models/fold0/best.pt (+ fold1 absent)
     models = trained.parent.parent
-    over = sum((["--set", s] for s in ["crop.side=32", "model.input_size=32", "folds.k=2"]), [])
+    over = sum((["--set", s] for s in ["crop.side=32", "model.input_size=32", "folds.k=2", "folds.train=[0,1]"]), [])
     base = ["predict", "--cache", ws / "cache", "--folds", ws / "folds.csv", "--models", models]
     assert run(base + ["--out", tmp_path / "t"] + over) == 0
     assert run(base + ["--out", tmp_path / "o", "--backend", "onnx"] + over) == 0

@@ -40,13 +40,16 @@ def test_pending_folds_are_the_missing_the_unfinished_and_those_of_other_params(
     ws = tiny_workspace
     cfg = load_config(None, TINY)
     out = tmp_path / "models"
-    assert pending_folds(cfg, out) == {0: 0, 1: 0}
+    inputs = (ws / "cache", ws / "folds.csv")
+    assert pending_folds(cfg, out, *inputs) == {0: 0, 1: 0}
     fit(cfg, 0, ws / "cache", ws / "folds.csv", out, resume=False)
     fit(cfg, 1, ws / "cache", ws / "folds.csv", out, resume=False, max_epochs=1)
-    assert pending_folds(cfg, out) == {1: 1}
-    assert pending_folds(load_config(None, TINY + ["train.lr=0.05"]), out) == {0: 0, 1: 0}
+    assert pending_folds(cfg, out, *inputs) == {1: 1}
+    assert pending_folds(load_config(None, TINY + ["train.lr=0.05"]), out, *inputs) == {0: 0, 1: 0}
     # speed-only and runtime params train the same model: a finished fold stays finished
-    assert pending_folds(load_config(None, TINY + ["train.num_workers=1"]), out) == {1: 1}
+    assert pending_folds(load_config(None, TINY + ["train.num_workers=1"]), out, *inputs) == {1: 1}
+    # other inputs than the checkpoints were made from (a missing folds file here): all pending
+    assert pending_folds(cfg, out, ws / "cache", ws / "nosuch.csv") == {0: 0, 1: 0}
 
 
 def test_train_folds_trains_each_fold_as_the_stage_would_resume_it(tiny_workspace, tmp_path, monkeypatch, capsys):
@@ -59,7 +62,7 @@ def test_train_folds_trains_each_fold_as_the_stage_would_resume_it(tiny_workspac
                             "--out", "models", *args], capsys)
     assert code == 0, err
     cfg = load_config(None, TINY)
-    assert pending_folds(cfg, "models") == {}
+    assert pending_folds(cfg, "models", ws / "cache", ws / "folds.csv") == {}
     for fold in (0, 1):
         assert load_checkpoint(tmp_path / "models" / f"fold{fold}" / "last.pt")["epoch"] == 2
         assert f"fold {fold} epoch 2:" in (tmp_path / "logs" / f"train-fold{fold}.log").read_text()
@@ -85,7 +88,7 @@ def test_a_failed_fold_stops_the_others_and_names_its_log(tiny_workspace, tmp_pa
                             "--out", "models", *args], capsys)
     last = err.strip().splitlines()[-1]
     assert code == 2 and last.startswith("error: logs/train-fold") and "failed (killed by SIGKILL)" in last, err
-    assert set(pending_folds(load_config(None, TINY), "models")) == {0, 1}
+    assert set(pending_folds(load_config(None, TINY), "models", ws / "cache", ws / "folds.csv")) == {0, 1}
 
 
 def test_one_job_leaves_the_folds_to_dvc_repro(tiny_workspace, tmp_path, monkeypatch, capsys):

@@ -1,0 +1,126 @@
+"""Content identities: the sha256 of a file, of a folder's files, and of the package's own
+code that a command imports (its import closure, function-level imports included, as
+dvc.yaml's code deps list it). A training's resume key names its inputs by these
+(pipeline/training/setup.py), predictions name the checkpoints they were made from, and
+tests/test_dvc.py checks dvc.yaml's code deps with the same import scan."""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import io
+import os
+import tokenize
+from pathlib import Path
+from typing import Iterable
+
+from pipeline.core.io import input_file
+
+# the folder holding the `pipeline` package (its modules are read as files, never imported)
+ROOT = Path(__file__).resolve().parents[2]
+# argument parsing and error formatting: no output depends on them (dvc.yaml leaves them out)
+NOT_CODE_DEPS = frozenset({"pipeline/__init__.py", "pipeline/__main__.py", "pipeline/cli.py",
+                           "pipeline/core/errors.py"})
+# pipeline/models/__init__.py imports every preset: importing one of its modules runs them all,
+# so the folder is one dep
+WHOLE_FOLDERS = ("pipeline/models",)
+_CHUNK = 1 << 20
+
+
+def file_sha256(path: str | os.PathLike) -> str:
+    """The sha256 of a file's bytes (a missing file is a one-line error naming it)."""
+    path = input_file(path, "file not found", "a file")
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def folder_sha256(folder: str | os.PathLike) -> str:
+    """The sha256 of every file under `folder`: names (relative) and bytes, in name order."""
+    folder = Path(folder)
+    h = hashlib.sha256()
+    for p in sorted(q for q in folder.rglob("*") if q.is_file()):
+        name = p.relative_to(folder).as_posix().encode()
+        h.update(len(name).to_bytes(8, "little") + name + bytes.fromhex(file_sha256(p)))
+    return h.hexdigest()
+
+
+# ------------------------------------------------------------------ the package's own code
+
+
+def module_file(mod: str, root: Path = ROOT) -> Path | None:
+    """The file of module `mod` ('pipeline.training.loop') under `root`, or None."""
+    p = root.joinpath(*mod.split("."))
+    if (p / "__init__.py").exists():
+        return p / "__init__.py"
+    return p.with_suffix(".py") if p.with_suffix(".py").exists() else None
+
+
+def module_imports(path: Path, mod: str) -> set[str]:
+    """pipeline.* modules named by any import statement in the file (anywhere in it,
+    function-level imports included)."""
+    pkg = mod if path.name == "__init__.py" else mod.rsplit(".", 1)[0]
+    out: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            out |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = pkg.split(".")
+                base = ".".join(parts[:len(parts) - node.level + 1] + ([base] if base else []))
+            out.add(base)
+            out |= {f"{base}.{a.name}" for a in node.names}  # `from pipeline import x` may be a module
+    return {m for m in out if m.split(".")[0] == "pipeline"}
+
+
+def imported_modules(mod: str, root: Path = ROOT) -> set[str]:
+    """The transitive closure of a module's pipeline imports (itself included)."""
+    seen: set[str] = set()
+    todo = [mod]
+    while todo:
+        m = todo.pop()
+        f = module_file(m, root)
+        if f is None or m in seen:
+            continue
+        seen.add(m)
+        todo += module_imports(f, m)
+    return seen
+
+
+def code_deps(mods: Iterable[str], root: Path = ROOT) -> set[str]:
+    """Module names -> dvc.yaml code deps (paths relative to `root`): the module's file, or
+    the whole folder of WHOLE_FOLDERS; less NOT_CODE_DEPS."""
+    deps = set()
+    for m in mods:
+        f = module_file(m, root)
+        if f is None:
+            continue
+        rel = f.relative_to(root).as_posix()
+        deps.add(next((d for d in WHOLE_FOLDERS if rel.startswith(d + "/")), rel))
+    return deps - NOT_CODE_DEPS
+
+
+def _code_tokens(path: Path) -> bytes:
+    """The file's tokens less comments and blank lines: an edit that changes no code (a
+    comment, spacing at line ends, an empty line) leaves them as they were."""
+    skip = (tokenize.COMMENT, tokenize.NL)
+    toks = tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+    return "\0".join(f"{t.type}:{t.string}" for t in toks if t.type not in skip).encode()
+
+
+def source_sha256(module: str, root: Path = ROOT) -> str:
+    """The sha256 of the code `module` runs: the tokens of every file of its code deps
+    (`code_deps` of its import closure, a whole folder's .py files), by path."""
+    files = []
+    for dep in sorted(code_deps(imported_modules(module, root), root)):
+        p = root / dep
+        files += sorted(p.rglob("*.py")) if p.is_dir() else [p]
+    h = hashlib.sha256()
+    for p in files:
+        name = p.relative_to(root).as_posix().encode()
+        data = _code_tokens(p)
+        h.update(len(name).to_bytes(8, "little") + name + len(data).to_bytes(8, "little") + data)
+    return h.hexdigest()
