@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # `torch` would download GBs); override on a GPU node: make TORCH_PINS=
 TORCH_PINS ?= torch==2.14.1 torchvision==0.29.1
 
-.PHONY: venv repro lint test bench gpu-check clean
+.PHONY: venv repro lint test bench gpu-check gpu-pack gpu-wheels gpu-train clean
 
 $(BIN)/.installed: pyproject.toml
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
@@ -50,6 +50,25 @@ bench: venv
 # check, 2 without CUDA; GPU_CHECK_ARGS=--cpu is the dry run at toy sizes
 gpu-check: venv
 	$(BIN)/python -m pipeline.tools.gpu_check $(GPU_CHECK_ARGS)
+
+# the GPU recipe on the real faces (docs/scaling.md): gpu-pack crops and packs them small
+# enough to copy to a GPU machine (git-ignored gpu-pack/), gpu-wheels fetches the wheels a
+# stock torch image lacks (.whl/, for Python 3.12 on x86-64 Linux), gpu-train trains fold 0
+# of the recipe on the pack there and writes gpu-train/train-real.json
+GPU_RECIPE ?= recipes/gpu.yaml
+PACK ?= gpu-pack
+GPU_WHEELS := pydantic pydantic_core annotated-types typing-inspection typing_extensions
+
+gpu-pack: venv
+	$(BIN)/pipeline pack --params $(GPU_RECIPE) --out $(PACK)
+
+gpu-wheels: venv
+	$(BIN)/python -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+	  --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 -d .whl \
+	  $$($(BIN)/python -c "import importlib.metadata as m; print(*(n + '==' + m.version(n) for n in '$(GPU_WHEELS)'.split()))")
+
+gpu-train: venv
+	$(BIN)/python -m pipeline.tools.gpu_check --train-real $(PACK) --params $(GPU_RECIPE) --out gpu-train $(GPU_CHECK_ARGS)
 
 clean:
 	rm -rf data/cache data/demo data/extra/*/ models predictions metrics dvclive

@@ -36,6 +36,7 @@ COMMANDS = {
     "make-test-video": "pipeline.tools.video:make_test_video_cmd",
     "video-stats": "pipeline.tools.video:video_stats_cmd",
     "gpu-check": "pipeline.tools.gpu_check:gpu_check_cmd",
+    "pack": "pipeline.tools.pack:pack_cmd",
     "blend": "pipeline.tools.blend:blend_cmd",
     "params": "pipeline.tools.params:params_cmd",
 }

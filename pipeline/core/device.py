@@ -133,6 +133,22 @@ def amp_dtype(amp: str, device: torch.device, key: str = "train.amp",
     return torch.float16 if amp == "fp16" else torch.bfloat16
 
 
+def describe_device(device: torch.device) -> dict:
+    """What a GPU run's report names: the torch build, and on CUDA the GPU (name, capability,
+    memory), the wheel's kernels, native bf16 and cuDNN; the dtype `train.amp=auto` picks."""
+    res: dict = {"torch": torch.__version__, "cuda_build": torch.version.cuda, "device": str(device)}
+    if device.type == "cuda":
+        res.update({"device_name": torch.cuda.get_device_name(device),
+                    "capability": "%d.%d" % torch.cuda.get_device_capability(device),
+                    "arch_list": torch.cuda.get_arch_list(),
+                    "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False),
+                    "bf16_with_emulation": torch.cuda.is_bf16_supported(),
+                    "cudnn": torch.backends.cudnn.version(), "device_count": torch.cuda.device_count(),
+                    "memory_gib": torch.cuda.get_device_properties(device).total_memory / 2 ** 30})
+    res["amp_auto"] = str(amp_dtype("auto", device))
+    return res
+
+
 def autocast(device: torch.device, dtype: torch.dtype | None):
     if dtype is None:
         return contextlib.nullcontext()

@@ -9,7 +9,7 @@
 from __future__ import annotations
 
 import os
-from typing import Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -53,6 +53,22 @@ def nme(pred, truth, eyes: tuple[int, int] | Sequence[int] | None = (36, 45),
         raise PipelineError(where, f"NME is undefined: eye points {e0} and {e1} coincide in the truth of "
                                    f"every face ({len(t)}): inter-ocular distance 0")
     return float(np.mean(err[ok] / iod[ok]))
+
+
+def region_nme(pred, truth, regions: Mapping[str, Sequence[int]],
+               eyes: tuple[int, int] | Sequence[int] | None = (36, 45),
+               where: str | os.PathLike | None = None) -> dict[str, float] | None:
+    """NME of each region's points (schema.regions(): jaw, brows, ...): per face the mean
+    point error over the region / the truth's inter-ocular distance, averaged over faces,
+    as `nme` does for all points (the faces `nme` leaves out are left out here too). None
+    when `nme` is undefined for these points (no eyes)."""
+    if nme(pred, truth, eyes, where) is None or eyes is None:
+        return None
+    p, t = np.asarray(pred, dtype=np.float64), np.asarray(truth, dtype=np.float64)
+    iod = np.linalg.norm(t[:, int(eyes[0])] - t[:, int(eyes[1])], axis=-1)
+    ok = iod > 0
+    err = np.linalg.norm(p - t, axis=-1)[ok] / iod[ok, None]  # (faces, K)
+    return {name: float(err[:, list(idx)].mean()) for name, idx in regions.items() if len(idx)}
 
 
 def per_face_mae(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:

@@ -63,6 +63,17 @@ class KeypointSchema:
         np.fill_diagonal(d, np.inf)
         return np.argsort(d, axis=1, kind="stable")[:, :n].astype(np.int64)
 
+    def regions(self) -> dict[str, tuple[int, ...]]:
+        """The groups with each left/right pair merged into one region (ibug68: jaw, brows,
+        nose, eyes, mouth), in the groups' order: what a report splits the error by."""
+        out: dict[str, tuple[int, ...]] = {}
+        for name, idx in self.groups.items():
+            for side in ("right_", "left_"):
+                if name.startswith(side):
+                    name = name[len(side):] + "s"
+            out[name] = out.get(name, ()) + tuple(idx)
+        return out
+
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "names": list(self.names), "flip": list(self.flip_perm),
                 "eyes": None if self.eyes is None else list(self.eyes)}

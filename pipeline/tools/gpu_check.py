@@ -2,7 +2,8 @@
 script of a few minutes on one GPU. It exits 0 when every check passes, 1 when any check
 fails (a crash, a non-finite loss or prediction, a mismatch), 2 when there is no usable
 CUDA device. `--cpu` runs the same checks on the CPU at tiny sizes: a dry run of the
-script itself (what its test runs), not a check of a GPU.
+script itself (what its test runs), not a check of a GPU. `--train-real PACK` trains the GPU
+recipe on real faces instead of running the checks (pipeline/tools/gpu_real.py).
 
 Checks, in order (figures in <out>/gpu-check.json, and logged):
 
@@ -51,7 +52,7 @@ import torch
 
 import pipeline
 from pipeline.core.config import Config, load_config
-from pipeline.core.device import amp_dtype, resolve_device
+from pipeline.core.device import describe_device, resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.faults import KILL_AT_STEP
 from pipeline.core.io import write_json
@@ -65,6 +66,7 @@ from pipeline.stages.predict import run_predict
 from pipeline.stages.train import fit
 from pipeline.synth.layout import generate_demo
 from pipeline.tools.bench.training import bench_train
+from pipeline.tools.gpu_real import GPU_RECIPE, run_train_real
 from pipeline.training.loop import train_steps
 from pipeline.training.setup import build_training, make_epoch_loader
 
@@ -127,17 +129,7 @@ class Context:
 # ------------------------------------------------------------------------------ checks
 
 def check_env(ctx: Context) -> dict[str, Any]:
-    res: dict[str, Any] = {"torch": torch.__version__, "cuda_build": torch.version.cuda,
-                           "cuda_available": torch.cuda.is_available(), "device": str(ctx.device)}
-    if ctx.device.type == "cuda":
-        res.update({"device_name": torch.cuda.get_device_name(ctx.device),
-                    "capability": "%d.%d" % torch.cuda.get_device_capability(ctx.device),
-                    "arch_list": torch.cuda.get_arch_list(),
-                    "bf16_native": torch.cuda.is_bf16_supported(including_emulation=False),
-                    "bf16_with_emulation": torch.cuda.is_bf16_supported(),
-                    "cudnn": torch.backends.cudnn.version(), "device_count": torch.cuda.device_count(),
-                    "memory_gib": torch.cuda.get_device_properties(ctx.device).total_memory / 2 ** 30})
-    res["amp_auto"] = str(amp_dtype("auto", ctx.device))
+    res = {**describe_device(ctx.device), "cuda_available": torch.cuda.is_available()}
     res["dvclive"] = importlib.util.find_spec("dvclive") is not None  # without it, no per-epoch log (a warning)
     return res
 
@@ -414,12 +406,32 @@ def run_gpu_check(out: str | os.PathLike, cpu: bool = False) -> dict[str, Any]:
 
 
 @click.command("gpu-check")
-@click.option("--out", default="gpu-check", show_default=True, help="folder for gpu-check.json and the work files")
+@click.option("--out", default="gpu-check", show_default=True, help="folder for gpu-check.json and the work files "
+                                                                   "(--train-real: train-real.json and its log only)")
 @click.option("--cpu", is_flag=True, help="dry run on the CPU at toy sizes (checks the script, not a GPU)")
-def gpu_check_cmd(out: str, cpu: bool) -> None:
+@click.option("--train-real", "pack", default=None, metavar="PACK",
+              help="instead of the checks: train fold 0 of --params on this face pack (`pipeline pack`), predict "
+                   "its validation faces with the recipe's TTA, write train-real.json (pipeline/tools/gpu_real.py)")
+@click.option("--params", "params_path", default=GPU_RECIPE, show_default=True, help="--train-real: the recipe")
+@click.option("--set", "overrides", multiple=True, metavar="KEY=VALUE", help="--train-real: override a param")
+@click.option("--budget-min", default=6.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="--train-real: train.epochs = the most that fit this many minutes (timed by a 3-epoch probe), "
+                   "at most the recipe's")
+@click.option("--epochs", default=None, type=click.IntRange(min=1), help="--train-real: these epochs, no probe")
+@click.option("--wall-min", default=9.0, show_default=True, type=click.FloatRange(min=0.1),
+              help="--train-real: the whole call's limit; --fp16-too runs only if it fits")
+@click.option("--fp16-too", is_flag=True, help="--train-real: then the same training with train.amp=fp16")
+@click.option("--work", default=None, help="--train-real: keep the work files here (default: a temp folder)")
+def gpu_check_cmd(out: str, cpu: bool, pack: str | None, params_path: str, overrides: tuple[str, ...],
+                  budget_min: float, epochs: int | None, wall_min: float, fp16_too: bool, work: str | None) -> None:
     """The first run of the GPU path: device, AMP training steps, kill and resume, flip-TTA
-    predict, DDP. Exit 0: all passed; 1: a check failed; 2: no CUDA device."""
-    res = run_gpu_check(out, cpu)
+    predict, DDP. With --train-real PACK: the GPU recipe trained on real faces instead.
+    Exit 0: all passed; 1: a check (a phase) failed; 2: no CUDA device."""
+    if pack is not None:
+        res = run_train_real(pack, out, params=params_path, sets=overrides, cpu=cpu, budget_min=budget_min,
+                             epochs=epochs, wall_min=wall_min, fp16_too=fp16_too, work=work)
+    else:
+        res = run_gpu_check(out, cpu)
     if res["failures"]:
         raise click.exceptions.Exit(1)
 

@@ -4,7 +4,7 @@
 import numpy as np
 import pytest
 
-from pipeline.keypoints.metrics import mae, nme
+from pipeline.keypoints.metrics import mae, nme, region_nme
 from pipeline.keypoints.schema import IBUG68
 
 
@@ -91,3 +91,23 @@ def test_score_and_validation_with_coinciding_eyes_are_one_line_errors(tmp_path,
     with pytest.raises(PipelineError) as e:
         evaluate(Centre(), cache, np.arange(4), ckpt_like, 8, torch.device("cpu"))
     assert "NME is undefined" in str(e.value) and str(cache.path) in str(e.value)
+
+
+def test_region_nme_splits_nme_by_face_region():
+    rng = np.random.default_rng(1)
+    truth = rng.uniform(0, 100, (5, 68, 2))
+    truth[4, 45] = truth[4, 36]  # a face without an inter-ocular distance: left out, as nme does
+    pred = truth + rng.normal(0, 1, truth.shape)
+    regions = IBUG68.regions()
+    got = region_nme(pred, truth, regions)
+    assert list(got) == ["jaw", "brows", "nose", "eyes", "mouth"]
+    # the regions' mean weighted by their point counts is the NME of all points
+    weighted = sum(got[r] * len(idx) for r, idx in regions.items()) / 68
+    assert weighted == pytest.approx(nme(pred, truth))
+    only_jaw = truth.copy()
+    only_jaw[:, :17, 1] += 3.0
+    split = region_nme(only_jaw, truth, regions)
+    iod = np.linalg.norm(truth[:4, 36] - truth[:4, 45], axis=1)
+    assert split["jaw"] == pytest.approx(np.mean(3.0 / iod))
+    assert all(v == 0 for r, v in split.items() if r != "jaw")
+    assert region_nme(pred, truth, regions, eyes=None) is None

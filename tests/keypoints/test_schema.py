@@ -92,3 +92,11 @@ def test_get_schema_and_round_trip():
         get_schema(DataParams(**{"schema": "custom", "custom_schema": {"names": ["a", "b"], "flip": [1, 1]}}))
     with pytest.raises(PipelineError):
         get_schema(DataParams(schema="nope"))
+
+
+def test_regions_merge_left_and_right_groups():
+    regions = IBUG68.regions()
+    assert {r: len(i) for r, i in regions.items()} == {"jaw": 17, "brows": 10, "nose": 9, "eyes": 12, "mouth": 20}
+    assert sorted(i for idx in regions.values() for i in idx) == list(range(68))
+    assert regions["eyes"] == tuple(range(36, 48)) and regions["brows"] == tuple(range(17, 27))
+    assert NOSE1.regions() == {"nose": (0,)}

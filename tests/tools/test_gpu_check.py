@@ -1,15 +1,25 @@
 """`python -m pipeline.tools.gpu_check` (make gpu-check): its --cpu dry run runs every check at toy
 sizes and passes; without CUDA it refuses with one line (exit 2); a failed or crashing
-check makes it exit 1 and the others still run."""
+check makes it exit 1 and the others still run. `--train-real PACK` (make gpu-train): its --cpu
+dry run trains fold 0 of the GPU recipe on a pack, epochs from the budget probe, and writes
+one JSON and the log; a failed phase is in the JSON and exits 1."""
 
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 import torch
 
 import pipeline.tools.gpu_check as gc
+import pipeline.tools.gpu_real as gr
+from pipeline.formats.folds import read_folds
+from pipeline.formats.pack import write_pack
+
+from conftest import REPO
+
+RECIPE = str(REPO / "recipes" / "gpu.yaml")
 
 
 def test_cpu_dry_run_passes_every_check(tmp_path):
@@ -56,3 +66,97 @@ def test_a_failed_or_crashing_check_exits_1_and_the_rest_still_run(tmp_path, mon
     assert res["failures"] == ["a", "b"] and res["c"] == {"x": 1}
     assert res["a"]["error"] == "mismatch: max |AMP - fp32| = 9 px"
     assert res["b"]["error"].startswith("RuntimeError: CUDA error")
+
+
+@pytest.fixture(scope="module")
+def pack(tiny_workspace, tmp_path_factory):
+    """The 32 px demo cache and its 2 folds, packed."""
+    out = tmp_path_factory.mktemp("pack") / "pack"
+    write_pack(tiny_workspace / "cache", tiny_workspace / "folds.csv", out)
+    return out
+
+
+def test_train_real_cpu_dry_run_writes_one_json_and_the_log(pack, tiny_workspace, tmp_path):
+    gc.main(["--train-real", str(pack), "--cpu", "--params", RECIPE, "--out", str(tmp_path / "out")])  # exit 0
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["train-real.json", "train-real.log"]
+    res = json.loads((tmp_path / "out" / "train-real.json").read_text())
+    assert res["failures"] == [] and res["mode"] == "cpu dry run" and res["env"]["device"] == "cpu"
+    assert set(res["phases_s"]) == {"unpack", "probe", "train", "predict"}
+    # the recipe's training and TTA, on the tiny model at the pack's crop size
+    assert res["recipe"]["optimizer"] == "sgd" and res["recipe"]["lr"] == 0.8 and res["recipe"]["input_size"] == 32
+    assert res["recipe"]["tta"] == "flip" and res["recipe"]["tta_jitter"] == 0.05
+    budget = res["budget"]
+    assert budget["probe_epochs"] == gr.PROBE_EPOCHS and budget["probe_s_per_epoch"] > 0
+    assert budget["epochs"] == budget["recipe_epochs"] == 2 and not budget["capped"]  # 6 min hold 2 toy epochs
+    train = res["train"]
+    assert train["epochs"] == 2 and 1 <= train["best_epoch"] <= 2 and train["peak_memory_gib"] is None
+    assert train["images_per_s_median"] > 0 and 0 <= train["data_wait_frac_mean"] <= 1
+    val = res["val"]
+    fold = read_folds(tiny_workspace / "folds.csv")
+    assert val["faces"] == int((fold == 0).sum())
+    for kind in ("tta", "plain"):
+        assert 0 < val[f"nme_{kind}"] < 5 and val[f"mae_{kind}"] > 0
+        assert set(val[f"regions_nme_{kind}"]) == {"jaw", "brows", "nose", "eyes", "mouth"}
+        assert all(math.isfinite(v) and v > 0 for v in val[f"regions_nme_{kind}"].values())
+    assert val["nme_plain"] == pytest.approx(train["val_nme_no_tta"], rel=0.05)  # the same weights, both untested views
+    assert "fp16" not in res
+    log = (tmp_path / "out" / "train-real.log").read_text()
+    assert "fold 0 epoch 2:" in log and "budget:" in log and "train-real: done" in log
+
+
+def test_train_real_epochs_given_skips_the_probe_and_fp16_runs_only_in_time_left(pack, tmp_path):
+    res = gr.run_train_real(pack, tmp_path / "a", params=RECIPE, cpu=True, epochs=1, fp16_too=True, wall_min=60)
+    assert res["failures"] == [] and set(res["phases_s"]) == {"unpack", "train", "predict", "train_fp16",
+                                                              "predict_fp16"}
+    assert res["budget"] == {"epochs": 1, "recipe_epochs": 2, "from": "--epochs"} and res["train"]["epochs"] == 1
+    fp16 = res["fp16"]
+    assert fp16["train"]["epochs"] == 1 and fp16["val"]["faces"] == res["val"]["faces"]
+    assert math.isfinite(fp16["val"]["nme_tta"])
+    assert set(fp16["val"]["regions_nme_tta"]) == set(res["val"]["regions_nme_tta"])
+    assert "amp=torch.float16" in (tmp_path / "a" / "train-real.log").read_text()  # the GradScaler path ran
+
+    res = gr.run_train_real(pack, tmp_path / "b", params=RECIPE, cpu=True, epochs=1, fp16_too=True, wall_min=0.001)
+    assert res["failures"] == [] and "left of --wall-min 0.001" in res["fp16"]["skipped"]
+    assert set(res["phases_s"]) == {"unpack", "train", "predict"}
+
+
+def test_train_real_a_failed_phase_is_in_the_json_and_exits_1(pack, tmp_path, monkeypatch):
+    def broken(*a, **k):
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(gr, "run_predict", broken)
+    with pytest.raises(SystemExit) as e:
+        gc.main(["--train-real", str(pack), "--cpu", "--params", RECIPE, "--epochs", "1", "--out", str(tmp_path)])
+    assert e.value.code == 1
+    res = json.loads((tmp_path / "train-real.json").read_text())
+    assert res["failures"] == ["predict"] and res["predict"]["error"] == "RuntimeError: CUDA error: out of memory"
+    assert res["train"]["epochs"] == 1 and "val" not in res
+
+
+
+def test_train_real_refuses_params_that_crop_otherwise_before_any_work(pack, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        gc.main(["--train-real", str(pack), "--cpu", "--params", RECIPE, "--set", "crop.side=48",
+                 "--out", str(tmp_path / "out")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "holds 32 px crops" in err[0] and "rebuild the pack" in err[0]
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
+def test_train_real_without_cuda_says_so_and_exits_2(pack, tmp_path, capsys):
+    with pytest.raises(SystemExit) as e:
+        gc.main(["--train-real", str(pack), "--out", str(tmp_path / "out")])
+    assert e.value.code == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: gpu-check: no usable CUDA device")
+    assert not (tmp_path / "out").exists()
+
+
+def test_epochs_for_budget():
+    assert gr.epochs_for_budget(360, 1.5, 300) == 240
+    assert gr.epochs_for_budget(360, 1.0, 200) == 200  # never more than the recipe's
+    assert gr.epochs_for_budget(10, 60.0, 200) == 1
+    with pytest.raises(ValueError):
+        gr.epochs_for_budget(360, float("nan"), 200)
