@@ -170,7 +170,7 @@ def torch_save(path: str | os.PathLike, obj: Any) -> None:
     records inside its zip after that file, and the temp file's random name would make two
     saves of the same checkpoint differ (and DVC re-run every stage after it)."""
     # imported here: the stages without a network (demo-data, crop, folds, submit, evaluate)
-    # then start without torch's import (1.1 s warm, 2.0 s cold on the dev machine)
+    # then start without paying for torch's import
     import torch
 
     buf = io.BytesIO()

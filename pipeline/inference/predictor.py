@@ -55,7 +55,7 @@ def fuse_batchnorm(model: nn.Module) -> nn.Module:
 class ChannelsLast(nn.Module):
     """A model run in channels_last (NHWC) memory format. On the CPU this sends batch-1
     convolutions to oneDNN instead of the im2col fallback PyTorch picks for small
-    NCHW inputs (+10-20 % faces/s at batch 1, measured in `pipeline bench`)."""
+    NCHW inputs, the faster path at batch 1 (`pipeline bench`, docs/benchmarks.md)."""
 
     def __init__(self, model: nn.Module):
         super().__init__()

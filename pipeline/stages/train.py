@@ -86,8 +86,8 @@ def fit(cfg: Config, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: s
         tr["images_per_s"] *= world  # every rank trains on its own share at the same pace
         row = {"epoch": epoch + 1, "train_loss": tr["loss"], "data_wait_frac": tr["data_wait_frac"],
                "images_per_s": tr["images_per_s"], "lr": tr["lr"]}
-        # validation costs ~7% of a CPU epoch (222 faces beside 885 trained); it reads the
-        # weights and draws no random numbers, so skipping it leaves the training unchanged
+        # validation is a measurable share of a CPU epoch; it reads the weights and draws
+        # no random numbers, so skipping it leaves the training unchanged
         if (epoch + 1) % tcfg.val_every and epoch + 1 != end_epoch:
             history.append(row)
             log.info("fold %d epoch %d: loss %.4f  (not validated: train.val_every %d)  %.1f img/s  data wait %.1f%%",

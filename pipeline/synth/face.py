@@ -296,7 +296,7 @@ def _finish(img: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     if rng.random() < 0.5:
         f = cv2.GaussianBlur(f, (0, 0), float(rng.uniform(0.4, 1.6)))
     sigma = np.float32(rng.uniform(0, 9))
-    bank = _noise_bank()  # a fixed noise field at a random offset: 50x cheaper than fresh noise
+    bank = _noise_bank()  # a fixed noise field at a random offset: far cheaper than fresh noise
     oy, ox = int(rng.integers(0, bank.shape[0] - h + 1)), int(rng.integers(0, bank.shape[1] - w + 1))
     noise = bank[oy:oy + h, ox:ox + w]
     if f.ndim == 2:

@@ -42,10 +42,9 @@ torchvision 0.29 (checked numerically, see tests/training/test_augment.py)
 * `v2.functional.affine` / `rotate` on KeyPoints pivot at (W / 2, H / 2) (or `center`),
   the image kernels at pixel centre ((W - 1) / 2, (H - 1) / 2) (or `center - 0.5`): up to
   ~0.3 px off at 30 degrees. With the pivot corrected they equal the matrices here.
-* Speed on the 2-core dev box: one torchvision affine on a 3x96x96 uint8 image ~0.5-0.9 ms
-  (it converts to float), the OpenCV warp of all three planes ~0.1 ms; a full
-  TrainAugment sample (96 -> 96, RandAugment(2, 7)) ~0.6 ms (~1600 samples/s on one
-  core), against ~650/s when every step used torchvision's kernels.
+* Speed: a torchvision affine converts the uint8 image to float; the OpenCV warp of the
+  three planes stays in uint8 and is several times cheaper, which is why the warps here
+  are OpenCV's (docs/benchmarks.md).
 
 Randomness
 ----------

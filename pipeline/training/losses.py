@@ -86,8 +86,7 @@ def gaussian_js(probs: torch.Tensor, target: torch.Tensor, input_hw: tuple[int, 
     p ln 2 / 2, so everything outside the window adds ln 2 / 2 times the mass outside,
     1 - (mass inside) for a map that sums to 1. Exact up to that truncation, and the loss
     and its gradient cost a window per map instead of a dozen passes over every pixel of
-    (B, K, h, w): on the CPU the full-map form took a tenth of a 48x48-map training step,
-    this one about 3% (docs/benchmarks.md)."""
+    (B, K, h, w) (their cost: docs/benchmarks.md)."""
     (h, w), (H, W) = probs.shape[-2:], input_hw
     b, k = probs.shape[:2]
     r = max(1, math.ceil(5 * sigma))
