@@ -66,7 +66,7 @@ from pipeline.stages.predict import run_predict
 from pipeline.stages.train import fit
 from pipeline.synth.layout import generate_demo
 from pipeline.tools.bench.training import bench_train
-from pipeline.tools.gpu_real import GPU_RECIPE, run_train_real
+from pipeline.tools.gpu_real import GPU_RECIPE, LoggerHandler, run_train_real
 from pipeline.training.loop import train_steps
 from pipeline.training.setup import build_training, make_epoch_loader
 
@@ -305,12 +305,12 @@ def check_ddp(ctx: Context) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ helpers
 
-class _LogCapture(logging.Handler):
+class _LogCapture(LoggerHandler):
     """The messages of one logger while in a `with` block."""
 
     def __init__(self, name: str):
-        super().__init__(logging.INFO)
-        self.logger, self.lines = logging.getLogger(name), list[str]()
+        super().__init__(name)
+        self.lines = list[str]()
 
     def emit(self, record):
         self.lines.append(record.getMessage())
@@ -318,16 +318,6 @@ class _LogCapture(logging.Handler):
     @property
     def text(self) -> str:
         return "\n".join(self.lines)
-
-    def __enter__(self):
-        self.old_level = self.logger.level
-        self.logger.setLevel(logging.INFO)
-        self.logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self)
-        self.logger.setLevel(self.old_level)
 
 
 class _GpuProcesses:

@@ -69,20 +69,12 @@ def epochs_for_budget(budget_s: float, s_per_epoch: float, cap: int) -> int:
     return max(1, min(int(cap), int(budget_s // s_per_epoch)))
 
 
-class EpochClock(logging.Handler):
-    """The epoch lines of `pipeline train` while in a `with` block: when each was logged
-    (perf_counter), its img/s and data-wait share."""
+class LoggerHandler(logging.Handler):
+    """A handler on one logger (at INFO) while in a `with` block; subclasses say what to keep."""
 
-    def __init__(self):
+    def __init__(self, name: str):
         super().__init__(logging.INFO)
-        self.logger = logging.getLogger("pipeline.stages.train")
-        self.epochs: list[dict[str, float]] = []
-
-    def emit(self, record):
-        m = EPOCH_LINE.match(record.getMessage())
-        if m:
-            self.epochs.append({"epoch": int(m[2]), "t": time.perf_counter(), "images_per_s": float(m[3]),
-                                "data_wait_frac": float(m[4]) / 100})
+        self.logger = logging.getLogger(name)
 
     def __enter__(self):
         self.old_level = self.logger.level
@@ -93,6 +85,21 @@ class EpochClock(logging.Handler):
     def __exit__(self, *exc):
         self.logger.removeHandler(self)
         self.logger.setLevel(self.old_level)
+
+
+class EpochClock(LoggerHandler):
+    """The epoch lines of `pipeline train` while in a `with` block: when each was logged
+    (perf_counter), its img/s and data-wait share."""
+
+    def __init__(self):
+        super().__init__("pipeline.stages.train")
+        self.epochs: list[dict[str, float]] = []
+
+    def emit(self, record):
+        m = EPOCH_LINE.match(record.getMessage())
+        if m:
+            self.epochs.append({"epoch": int(m[2]), "t": time.perf_counter(), "images_per_s": float(m[3]),
+                                "data_wait_frac": float(m[4]) / 100})
 
     def s_per_epoch(self, first: int = 1) -> float:
         """Mean wall between the epoch lines after epoch `first` (its save, loader start,
