@@ -23,7 +23,7 @@ from tqdm import tqdm
 from pipeline.core.config import DEFAULTS, params_source
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import input_file
-from pipeline.keypoints.geometry import check_box, crop_one, crop_transform
+from pipeline.keypoints.geometry import check_box, crop_face
 from pipeline.keypoints.schema import KeypointSchema
 
 
@@ -319,11 +319,7 @@ def _crop_image(path: str, boxes: list, expand: float, size: int, rel: str = "")
         bad = check_box(box, image.shape[1], image.shape[0])
         if bad:
             return ("error", None, bad, f"image {rel or path} box {j}")
-    out = []
-    for box in boxes:
-        a = crop_transform(box, expand, size)
-        out.append((crop_one(image, a, size), a))
-    return ("ok", out, image.shape[1], image.shape[0])
+    return ("ok", [crop_face(image, box, expand, size) for box in boxes], image.shape[1], image.shape[0])
 
 
 def crop_faces(faces: list[Face], root: str | os.PathLike, size: int, expand: float, n_jobs: int = 1,

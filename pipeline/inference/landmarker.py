@@ -31,7 +31,7 @@ from pipeline.formats.annotations import crop_faces, load_xml, read_image
 from pipeline.formats.checkpoint import checkpoint_crop
 from pipeline.inference.predictor import load_predictor
 from pipeline.inference.tta import predict_original
-from pipeline.keypoints.geometry import crop_one, crop_transform
+from pipeline.keypoints.geometry import crop_face
 from pipeline.keypoints.schema import KeypointSchema, schema_from_dict
 
 log = logging.getLogger(__name__)
@@ -266,8 +266,8 @@ class Landmarker:
         all_boxes = [b for boxes in boxes_list for b in boxes]
 
         def crop(size: int, expand: float) -> tuple[np.ndarray, np.ndarray]:
-            a = np.stack([crop_transform(b, expand, size) for b in all_boxes])
-            return np.stack([crop_one(im, m, size) for im, m in zip(photo_of, a)]), a
+            faces, a = zip(*(crop_face(im, b, expand, size) for im, b in zip(photo_of, all_boxes)))
+            return np.stack(faces), np.stack(a)
 
         return np.split(self.predict_faces(crop), np.cumsum(counts)[:-1])
 

@@ -27,7 +27,7 @@ from pipeline.formats.images import write_gif
 from pipeline.formats.video import write_mp4
 from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.photos import PhotoReader, cache_face, face_in_photo, is_index, meta_box
-from pipeline.keypoints.geometry import crop_one, crop_transform, to_crop
+from pipeline.keypoints.geometry import crop_face, to_crop
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +135,8 @@ def morph_face(source: str, landmarker: Landmarker, cfg: Config, cache_dir: str,
         image, box = face_in_photo(source)
         what = Path(source).name
     pts = landmarker.predict(image, box[None])[0]
-    a = crop_transform(box, expand, size)
-    return crop_one(image, a, size), to_crop(pts[None], a[None])[0], what
+    face, a = crop_face(image, box, expand, size)
+    return face, to_crop(pts[None], a[None])[0], what
 
 
 def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, size: int, expand: float,

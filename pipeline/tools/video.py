@@ -32,6 +32,7 @@ from pipeline.formats.video_csv import read_video_csv, write_video_csv
 from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.tracking import FaceTracker, box_constants
 from pipeline.keypoints.draw import contact_sheet, draw_faces, put_label
+from pipeline.keypoints.geometry import crop_face
 from pipeline.keypoints.smoothing import WINDOW_TOLERANCE_S, OneEuroFilter, local_poly_in_time, window_counts
 from pipeline.keypoints.temporal import (
     lag,
@@ -41,7 +42,6 @@ from pipeline.keypoints.temporal import (
     track_summary,
 )
 from pipeline.synth.moving_face import TEST_PHOTO, make_test_video
-from pipeline.tools.viz import face_tile
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ def _face_tile(image: np.ndarray, box: np.ndarray | None, side: int = 144) -> np
     """A side x side tile: the square around the box (1.6x its longer side), else the frame."""
     if box is None:
         return cv2.resize(image, (side, side), interpolation=cv2.INTER_AREA)
-    return face_tile(image, box, side, expand=1.6)[0]
+    return crop_face(image, box, 1.6, side)[0]
 
 
 def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParams, *,
