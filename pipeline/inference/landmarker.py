@@ -32,7 +32,7 @@ from pipeline.formats.checkpoint import checkpoint_crop
 from pipeline.inference.predictor import load_predictor
 from pipeline.inference.tta import predict_original
 from pipeline.keypoints.geometry import crop_face
-from pipeline.keypoints.schema import KeypointSchema, schema_from_dict
+from pipeline.keypoints.schema import KeypointSchema, check_schema, schema_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +136,7 @@ class Landmarker:
         self.paths = [None] * len(models) if paths is None else [Path(p) for p in paths]
         self.schema: KeypointSchema = schema or schema_from_dict(self.metas[0]["schema"])
         for meta, path in zip(self.metas, self.paths):
-            theirs = meta["schema"]
-            if theirs.get("names") != list(self.schema.names) or theirs.get("flip") != list(self.schema.flip_perm):
-                raise PipelineError(path, f"model is for schema '{theirs.get('name')}' ({len(theirs.get('names', []))} "
-                                          f"points), the others for '{self.schema.name}' ({self.schema.k} points)")
+            check_schema(meta["schema"], self.schema, path, "model", "the others for")
         self.geometries = [checkpoint_crop(meta, path) for meta, path in zip(self.metas, self.paths)]
         self.tta, self.jitter = tta, float(jitter)
         self.device = resolve_device(device) if isinstance(device, str) else device
