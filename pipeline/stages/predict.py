@@ -20,6 +20,7 @@ from pipeline.formats.checkpoint import checkpoint_identity, load_checkpoint
 from pipeline.formats.folds import read_folds
 from pipeline.formats.predictions import write_oof_predictions, write_test_predictions
 from pipeline.inference.landmarker import Landmarker, check_tta
+from pipeline.inference.options import backend_option
 from pipeline.keypoints.calibrate import keypoint_bias, should_calibrate
 
 log = logging.getLogger(__name__)
@@ -94,8 +95,7 @@ def run_predict(cfg: Config, cache_dir: str, folds_path: str, models_dir: str, o
 @click.option("--folds", "folds_path", default=FOLDS_FILE, show_default=True)
 @click.option("--models", "models_dir", default=MODELS_DIR, show_default=True, help="folder of fold{K}/ checkpoints")
 @click.option("--out", "out_dir", default=PREDICTIONS_DIR, show_default=True)
-@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
-              help="onnx: onnxruntime on the CPU (each fold's <name>.onnx if exported from it, else exported in memory)")
+@backend_option("onnx: onnxruntime on the CPU (each fold's <name>.onnx if exported from it, else exported in memory)")
 @config_options
 def predict_cmd(cache, folds_path, models_dir, out_dir, backend, cfg):
     """Test predictions (fold ensemble, flip TTA) and out-of-fold predictions."""

@@ -26,6 +26,7 @@ from pipeline.formats.cache import dataset_root
 from pipeline.formats.images import write_gif
 from pipeline.formats.video import write_mp4
 from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.options import model_options
 from pipeline.inference.photos import PhotoReader, cache_face, face_in_photo, is_index, meta_box
 from pipeline.keypoints.geometry import crop_face, to_crop
 
@@ -161,8 +162,7 @@ def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, 
 @click.command("morph")
 @click.argument("a")
 @click.argument("b")
-@click.option("--checkpoint", "checkpoints", multiple=True, required=True,
-              help="model checkpoint or exported .onnx (repeatable: keypoints are averaged)")
+@model_options
 @click.option("--out", default="morph.gif", show_default=True, help="animated GIF")
 @click.option("--frames", "n_frames", default=20, show_default=True, help="frames from A to B")
 @click.option("--fps", default=10.0, show_default=True)
@@ -172,9 +172,6 @@ def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, 
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
 @click.option("--data-dir", default=None, help="dataset folder with the photos [default: params data.dir]")
 @click.option("--mp4", is_flag=True, help="also write the same frames as <out>.mp4 (cv2.VideoWriter, mp4v)")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
-              help="onnx: onnxruntime on the CPU (a .onnx --checkpoint always runs there)")
 @config_options
 def morph_cmd(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split, data_dir, mp4, device, backend, cfg):
     """Morph face A into face B (photo paths or test-cache indices) as an animated GIF."""

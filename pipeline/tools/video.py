@@ -30,6 +30,7 @@ from pipeline.formats.images import write_png
 from pipeline.formats.video import AtomicVideoWriter, open_video, timed_frames_of
 from pipeline.formats.video_csv import read_video_csv, write_video_csv
 from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.options import model_options
 from pipeline.inference.tracking import FaceTracker, box_constants
 from pipeline.keypoints.draw import contact_sheet, draw_faces, put_label
 from pipeline.keypoints.geometry import crop_face
@@ -375,16 +376,13 @@ def measure_smoothing(landmarker: Landmarker, vcfg: VideoParams, workdir: str | 
 
 @click.command("predict-video")
 @click.argument("src", metavar="IN")
-@click.option("--checkpoint", "checkpoints", multiple=True, required=True,
-              help="model checkpoint or exported .onnx (repeatable: predictions are averaged)")
+@model_options
 @click.option("--out", default=None, help="annotated video (.mp4) [out/<IN stem>_keypoints.mp4]")
 @click.option("--csv", "csv_path", default=None, help="also write one row per frame and face to this CSV")
 @click.option("--smooth", type=click.Choice(["on", "off"]), default=None,
               help="smoothing over time (video.filter); off: raw predictions [params video.smooth]")
 @click.option("--tta", type=click.Choice(["flip", "none"]), default=None, help="[params predict.tta]")
 @click.option("--strip", default=None, help="also write a PNG of 4 frames (around the first face), raw above smoothed")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True)
 @config_options
 def predict_video_cmd(src, checkpoints, out, csv_path, smooth, tta, strip, device, backend, cfg):
     """Keypoints on every frame of a video: faces detected every video.detect_every frames
@@ -428,11 +426,8 @@ def stats_row(clip: str, st: dict) -> list:
 
 @click.command("video-stats")
 @click.argument("clips", nargs=-1, required=True)
-@click.option("--checkpoint", "checkpoints", multiple=True, required=True,
-              help="model checkpoint or exported .onnx (repeatable: predictions are averaged)")
+@model_options
 @click.option("--csv", "csv_path", default=None, help="also write the table (one row per clip) to this CSV")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True)
 @config_options
 def video_stats_cmd(clips, checkpoints, csv_path, device, backend, cfg):
     """Footage without ground truth, measured: per clip, face tracks, id switches, frames with

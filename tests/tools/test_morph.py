@@ -1,8 +1,10 @@
-"""Face morphing: frames between two faces, written as a GIF."""
+"""Face morphing: frames between two faces, written as a GIF; the model options it shares
+with the other commands that predict."""
 
 
 import cv2
 import numpy as np
+import pytest
 
 from pipeline.tools.morph import morph_frames
 
@@ -46,3 +48,22 @@ def test_morph_rejects_too_few_frames(viz_ws, tmp_path, capsys):
     assert run(["morph", "0", "1", "--checkpoint", viz_ws["ckpt"], "--cache", viz_ws["cache"], "--frames", 1,
                 "--out", tmp_path / "m.gif"]) == 2
     assert "--frames" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["predict-image", "predict-video", "video-stats", "morph", "predict", "bench"])
+def test_commands_that_predict_share_the_model_options(command):
+    """One wording of --checkpoint / --device / --backend (pipeline/inference/options.py):
+    the same names, defaults and choices on every command that predicts with models."""
+    import importlib
+
+    from pipeline.cli import COMMANDS
+
+    module, attr = COMMANDS[command].split(":")
+    params = {p.name: p for p in getattr(importlib.import_module(module), attr).params}
+    if command not in ("predict", "bench"):
+        assert params["checkpoints"].opts == ["--checkpoint"]
+        assert params["checkpoints"].multiple and params["checkpoints"].required
+    if command != "predict":
+        assert params["device"].opts == ["--device"] and params["device"].default == "auto"
+    if command != "bench":
+        assert list(params["backend"].type.choices) == ["torch", "onnx"] and params["backend"].default == "torch"
