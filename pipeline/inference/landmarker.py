@@ -144,10 +144,10 @@ class Landmarker:
         self.calibration = calibration
 
     @classmethod
-    def from_checkpoints(cls, paths: str | os.PathLike | Sequence[str | os.PathLike], backend: str | None = "torch",
-                         device: str | torch.device = "auto", tta: str = "flip", jitter: float = 0.0,
-                         calibration: np.ndarray | None = None, batch_size: int = 64, amp: str = "auto",
-                         detector: str = "auto", schema: KeypointSchema | None = None,
+    def from_checkpoints(cls, paths: str | os.PathLike | Sequence[str | os.PathLike], *,
+                         backend: str | None = "torch", device: str | torch.device = "auto", tta: str = "flip",
+                         jitter: float = 0.0, calibration: np.ndarray | None = None, batch_size: int = 64,
+                         amp: str = "auto", detector: str = "auto", schema: KeypointSchema | None = None,
                          threads: int | None = None) -> Landmarker:
         """Load checkpoints (.pt) or exported models (.onnx, always on onnxruntime); `paths`
         may be a glob pattern. backend: torch | onnx (None: by file suffix); threads: the

@@ -48,8 +48,9 @@ def run_predict(cfg: Config, cache_dir: str, folds_path: str, models_dir: str, o
         raise PipelineError(models_dir, f"no fold checkpoints named {pcfg.checkpoint} found")
     folds = sorted(ckpts)
     # every checkpoint is loaded and checked before the first prediction
-    landmarker = Landmarker.from_checkpoints([ckpts[f] for f in folds], backend, pcfg.device, tta, jitter,
-                                             batch_size=pcfg.batch_size, amp=pcfg.amp, schema=test.schema)
+    landmarker = Landmarker.from_checkpoints([ckpts[f] for f in folds], backend=backend, device=pcfg.device, tta=tta,
+                                             jitter=jitter, batch_size=pcfg.batch_size, amp=pcfg.amp,
+                                             schema=test.schema)
     landmarker.check_crops(test.info["size"], test.info["expand"], test.path)
     K = train.schema.k
     oof = {"tta": np.full((len(train), K, 2), np.nan), "plain": np.full((len(train), K, 2), np.nan)}

@@ -72,8 +72,8 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
     if not paths:
         raise PipelineError(photos[0] if len(photos) == 1 else None, "no image files found")
     found = get_detector(detector)  # before the models load: a missing detector fails fast
-    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device_name), tta,
-                                             batch_size=batch_size, detector=found.name)
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend=backend, device=resolve_device(device_name),
+                                             tta=tta, batch_size=batch_size, detector=found.name)
     schema = landmarker.schema
     out = Path(out_dir)
     results, per_photo, stems, failed = [], [], set(), []

@@ -148,7 +148,7 @@ def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, 
         raise PipelineError(None, f"--frames must be >= 2, got {n_frames}")
     if size < 16 or expand <= 0 or fps <= 0:
         raise PipelineError(None, "--size must be >= 16, --expand and --fps > 0")
-    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device), "flip")
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend=backend, device=resolve_device(device), tta="flip")
     fa, pa, wa = morph_face(a, landmarker, cfg, cache, split, size, expand, data_dir)
     fb, pb, wb = morph_face(b, landmarker, cfg, cache, split, size, expand, data_dir)
     frames = morph_frames(fa, fb, pa, pb, n_frames)

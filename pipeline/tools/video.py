@@ -220,8 +220,8 @@ def run_predict_video(cfg: Config, src: str, checkpoints: Sequence[str], out: st
         if p is not None:
             check_output(p)
     get_detector(vcfg.detector)  # a missing detector fails before the models load
-    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device_name),
-                                             tta or cfg.predict.tta)
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend=backend, device=resolve_device(device_name),
+                                             tta=tta or cfg.predict.tta)
     keep = sorted({int(round(v)) for v in np.linspace(0, max(declared - 1, 0), strip_frames)}) if strip else []
     res = track_video(src_path, landmarker, vcfg, out_mp4=out_path, smooth=vcfg.smooth == "on", keep=keep)
     pts = res["smoothed"] if vcfg.smooth == "on" else res["raw"]
@@ -439,7 +439,8 @@ def video_stats_cmd(clips, checkpoints, csv_path, device, backend, cfg):
     if csv_path:
         check_output(csv_path)
     get_detector(vcfg.detector)
-    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device), cfg.predict.tta)
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend=backend, device=resolve_device(device),
+                                             tta=cfg.predict.tta)
     table = [list(STATS_COLUMNS)]
     for c in clips:
         res = track_video(c, landmarker, vcfg, progress=False)

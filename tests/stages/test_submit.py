@@ -183,7 +183,7 @@ def test_submit_standalone_predicts_with_a_landmarker(tmp_path, monkeypatch, cap
             calls.update(xml=xml_path, n_jobs=n_jobs)
             return np.arange(3 * 68 * 2, dtype=float).reshape(3, 68, 2)
 
-    def fake_from_checkpoints(paths, backend="torch", device="auto", tta="flip", jitter=0.0, **kw):
+    def fake_from_checkpoints(paths, *, backend="torch", device="auto", tta="flip", jitter=0.0, **kw):
         calls.update(ckpts=list(paths), tta=tta, jitter=jitter, **kw)
         return FakeLandmarker()
 
