@@ -25,6 +25,7 @@ from pipeline.cli import COMMANDS
 from pipeline.core.digest import code_deps, imported_modules
 
 from conftest import REPO, git_dvc_project
+from helpers import speed_only_keys
 
 
 def _stages() -> dict[str, dict]:
@@ -143,8 +144,6 @@ def test_unchanged_outputs_let_dvc_skip_what_follows(dvc_project):
 def test_speed_only_params_are_not_stage_params():
     """A param that only changes speed (speed_only in pipeline/core/config.py) must not
     re-run a stage: no dvc.yaml stage lists it, nor a whole section holding it."""
-    from pipeline.core.config import speed_only_keys
-
     speed_only = speed_only_keys()
     assert speed_only  # crop.n_jobs at least: else this test checks nothing
     sections = {k.split(".")[0] for k in speed_only}

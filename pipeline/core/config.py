@@ -719,10 +719,6 @@ def result_params(cfg: Config | dict, sections: Iterable[str], drop_runtime: boo
     return {s: {k: v for k, v in data.get(s, {}).items() if kept(s, k)} for s in sections}
 
 
-def speed_only_keys() -> set[str]:
-    return {f"{s}.{k}" for s in SECTIONS for k, f in section_fields(s).items() if is_speed_only(f)}
-
-
 def write_resolved(cfg: Config, out_dir: str | os.PathLike, sections: Iterable[str],
                    name: str = "params.resolved.yaml", exclude: Iterable[str] = ()) -> Path:
     """Write the sections a stage used beside its outputs, so a result names its config

@@ -1,7 +1,7 @@
 """The competition's annotation files: reader and writer, and the faces' pixels.
 
 dlib/imglab XML (`labels_ibug_300W_train.xml`: <image file> / <box top left width height>
-/ <part name x y>; `labels_ibug_300W_test_parsed.xml`: boxes only) and `.pts` folders.
+/ <part name x y>; `labels_ibug_300W_test_parsed.xml`: boxes only).
 Image paths are relative to the annotation file's folder and may not leave it."""
 
 from __future__ import annotations
@@ -165,53 +165,6 @@ def load_xml(path: str | os.PathLike, schema: KeypointSchema, require_parts: boo
     if require_parts is None and any(labelled) and not all(labelled):
         missing = faces[labelled.index(False)]
         raise PipelineError(path, "some boxes have parts and some do not", f"image {missing.image}")
-    return faces
-
-
-def read_pts(path: Path) -> np.ndarray:
-    """`.pts`: 'version: 1 / n_points: N / { x y ... }', or bare 'x y' lines."""
-    try:
-        lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
-    except UnicodeDecodeError:
-        raise PipelineError(path, "not a text .pts file") from None
-    pts, declared = [], None
-    for i, ln in enumerate(lines, 1):
-        if ln.lower().startswith("n_points"):
-            declared = int(_number(ln.split(":", 1)[1].strip(), path, f"line {i}", "n_points"))
-            continue
-        if ln.lower().startswith("version") or ln in "{}":
-            continue
-        fields = ln.split()
-        if len(fields) != 2:
-            raise PipelineError(path, f"expected 'x y', got {ln!r}", f"line {i}")
-        pts.append((_number(fields[0], path, f"line {i}", "x"), _number(fields[1], path, f"line {i}", "y")))
-    if declared is not None and declared != len(pts):
-        raise PipelineError(path, f"n_points says {declared} but {len(pts)} points follow")
-    if not pts:
-        raise PipelineError(path, "no points")
-    return np.asarray(pts, dtype=np.float64)
-
-
-def load_pts_dir(folder: str | os.PathLike, schema: KeypointSchema) -> list[Face]:
-    """One face per `<name>.pts`, image `<name>.jpg|.png` beside it, box = keypoint extent."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise PipelineError(folder, "not a folder of .pts files")
-    faces = []
-    for pts_path in sorted(folder.rglob("*.pts")):
-        rel_stem = pts_path.relative_to(folder).with_suffix("")
-        img = next((pts_path.with_suffix(e) for e in (".jpg", ".jpeg", ".png", ".JPG", ".PNG")
-                    if pts_path.with_suffix(e).exists()), None)
-        if img is None:
-            raise PipelineError(pts_path, "no image beside it (.jpg or .png with the same name)")
-        kp = _select(read_pts(pts_path), schema, pts_path, "points")
-        x0, y0 = kp.min(0)
-        x1, y1 = kp.max(0)
-        rel = str(PurePosixPath(*img.relative_to(folder).parts))
-        faces.append(Face(rel, (x0, y0, max(x1 - x0, 1.0), max(y1 - y0, 1.0)), kp,
-                          str(PurePosixPath(*rel_stem.parts)), photo_group(rel)))
-    if not faces:
-        raise PipelineError(folder, "no .pts files")
     return faces
 
 

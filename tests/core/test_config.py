@@ -7,6 +7,7 @@ from pipeline.core.config import DEFAULTS, SECTIONS, load_config, parse_override
 from pipeline.core.errors import PipelineError
 
 from conftest import REPO
+from helpers import speed_only_keys
 
 
 def test_params_yaml_matches_defaults_except_data_dir():
@@ -55,8 +56,6 @@ def test_params_doc_is_current():
 
 
 def test_every_field_has_a_doc_and_speed_only_is_crop_n_jobs():
-    from pipeline.core.config import speed_only_keys
-
     for s in SECTIONS:
         for name, field in section_fields(s).items():
             assert field.description, f"{s}.{name}"

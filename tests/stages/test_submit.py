@@ -7,7 +7,6 @@ from pipeline.formats.submission import (
     format_submission,
     read_solution,
     read_submission,
-    submission_ids,
     write_submission,
 )
 
@@ -41,7 +40,6 @@ def test_id_order_image_major_keypoint_major_x_then_y(tmp_path):
     assert vals[2 * k] == 1000.0     # face 1 point 0 x
     assert vals[2 * k + 1] == 1001.0  # face 1 point 0 y
     assert vals[(2 * k + 3) * 2 + 1] == 2031.0  # face 2 point 3 y
-    assert submission_ids(n, k)[2, 3, 1] == (2 * k + 3) * 2 + 1
 
 
 def test_reader_sorts_by_id(tmp_path):
