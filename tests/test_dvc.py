@@ -24,8 +24,7 @@ import yaml
 from pipeline.cli import COMMANDS
 from pipeline.core.digest import code_deps, imported_modules
 
-from conftest import REPO, git_dvc_project
-from helpers import speed_only_keys
+from helpers import REPO, git_dvc_project, speed_only_keys
 
 
 def _stages() -> dict[str, dict]:

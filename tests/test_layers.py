@@ -4,7 +4,9 @@ there is no import loop. Function-level imports count: they are imports all the 
 
 from __future__ import annotations
 
-from conftest import REPO, module_file, module_imports
+from pipeline.core.digest import module_file, module_imports
+
+from helpers import REPO
 
 # The folders of the package, lowest first. A module's layer is its folder (cli.py and
 # __main__.py, at the top, are the cli layer); it may import its own folder and the layers

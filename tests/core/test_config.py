@@ -6,8 +6,7 @@ import yaml
 from pipeline.core.config import DEFAULTS, SECTIONS, load_config, parse_override, section_fields, write_resolved
 from pipeline.core.errors import PipelineError
 
-from conftest import REPO
-from helpers import speed_only_keys
+from helpers import REPO, speed_only_keys
 
 
 def test_params_yaml_matches_defaults_except_data_dir():

@@ -19,7 +19,7 @@ from pipeline.inference.tta import predict_original
 from pipeline.keypoints.geometry import crop_one, crop_transform
 from pipeline.keypoints.schema import IBUG68
 
-from conftest import REPO, Fixed
+from helpers import REPO, Fixed
 
 
 def _meta(size, expand, origin=0.0):

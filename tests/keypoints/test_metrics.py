@@ -67,7 +67,7 @@ def test_score_and_validation_with_coinciding_eyes_are_one_line_errors(tmp_path,
     from pipeline.formats.submission import write_submission
     from pipeline.training.loop import evaluate
 
-    from conftest import run_cli
+    from helpers import run_cli
 
     truth = np.random.default_rng(0).uniform(0, 100, (3, 68, 2))
     truth[:, 45] = truth[:, 36]

@@ -10,7 +10,7 @@ from pipeline.formats.submission import (
     write_submission,
 )
 
-from conftest import run_cli
+from helpers import run_cli
 
 
 def test_round_trip(tmp_path):

@@ -8,8 +8,7 @@ import pytest
 
 from pipeline.tools.morph import morph_frames
 
-from conftest import run
-from helpers import read_gif
+from helpers import read_gif, run
 
 
 def test_morph_frames_start_at_a_and_end_at_b():
