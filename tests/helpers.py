@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from PIL import Image
 
-from pipeline.core.config import SECTIONS, is_speed_only, section_fields
+from pipeline.core.params_schema import SECTIONS, is_speed_only, section_fields
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -38,7 +38,7 @@ def run_cli(argv, capsys) -> tuple[int, str, str]:
 # ------------------------------------------------------------------ params
 
 def speed_only_keys() -> set[str]:
-    """The params marked speed_only (pipeline/core/config.py), as 'section.key'."""
+    """The params marked speed_only (pipeline/core/params_schema.py), as 'section.key'."""
     return {f"{s}.{k}" for s in SECTIONS for k, f in section_fields(s).items() if is_speed_only(f)}
 
 

@@ -20,9 +20,10 @@ import numpy as np
 from joblib import Parallel, delayed
 from tqdm import tqdm
 
-from pipeline.core.config import DEFAULTS, params_source
+from pipeline.core.config import params_source
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import input_file
+from pipeline.core.params_schema import DEFAULTS
 from pipeline.keypoints.geometry import check_box, crop_face
 from pipeline.keypoints.schema import KeypointSchema
 

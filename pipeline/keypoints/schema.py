@@ -9,8 +9,9 @@ from typing import Any
 
 import numpy as np
 
-from pipeline.core.config import DataParams, params_source
+from pipeline.core.config import params_source
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import DataParams
 from pipeline.keypoints.flip import flip_coords
 
 

@@ -11,9 +11,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-from pipeline.core.config import Config, config_options, params_source, result_params, write_resolved
+from pipeline.core.config import config_options, params_source, result_params, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
+from pipeline.core.params_schema import Config
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, MODELS_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import check_same_run, load_cache
 from pipeline.formats.checkpoint import checkpoint_identity, load_checkpoint

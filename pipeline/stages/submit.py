@@ -18,9 +18,10 @@ from typing import Sequence
 import click
 import numpy as np
 
-from pipeline.core.config import Config, PredictParams, config_options, params_source
+from pipeline.core.config import config_options, params_source
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, input_file
+from pipeline.core.params_schema import Config, PredictParams
 from pipeline.core.paths import CACHE_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import face_count, split_schema
 from pipeline.formats.predictions import read_predictions

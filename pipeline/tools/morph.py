@@ -17,10 +17,11 @@ import click
 import cv2
 import numpy as np
 
-from pipeline.core.config import Config, config_options
+from pipeline.core.config import config_options
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
+from pipeline.core.params_schema import Config
 from pipeline.core.paths import CACHE_DIR
 from pipeline.formats.cache import dataset_root
 from pipeline.formats.images import write_gif

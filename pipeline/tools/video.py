@@ -21,10 +21,11 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.core.config import Config, VideoParams, config_options
+from pipeline.core.config import config_options
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, write_csv
+from pipeline.core.params_schema import Config, VideoParams
 from pipeline.detection.detectors import get_detector
 from pipeline.formats.images import write_png
 from pipeline.formats.video import AtomicVideoWriter, open_video, timed_frames_of

@@ -20,9 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.core.config import Config, config_options
+from pipeline.core.config import config_options
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
+from pipeline.core.params_schema import Config
 from pipeline.core.paths import CACHE_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import dataset_root, load_cache
 from pipeline.formats.checkpoint import checkpoint_crop, load_model

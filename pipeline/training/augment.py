@@ -63,7 +63,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from pipeline.core.config import Config
+from pipeline.core.params_schema import Config
 from pipeline.keypoints.flip import flip_matrix
 from pipeline.keypoints.schema import KeypointSchema
 from pipeline.training.affine import scale_matrix

@@ -3,8 +3,9 @@ import pydantic
 import pytest
 import yaml
 
-from pipeline.core.config import DEFAULTS, SECTIONS, load_config, parse_override, section_fields, write_resolved
+from pipeline.core.config import load_config, parse_override, write_resolved
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import DEFAULTS, SECTIONS, section_fields
 
 from helpers import REPO, speed_only_keys
 
@@ -246,7 +247,7 @@ def test_late_param_errors_name_the_set_or_the_file_read(tmp_path):
 def test_every_auto_on_off_param_is_a_switch():
     """Every field defaulting to auto/on/off accepts YAML's booleans as on/off; a string
     field with other choices does not."""
-    from pipeline.core.config import is_switch
+    from pipeline.core.params_schema import is_switch
 
     switches = [f"{s}.{k}" for s in SECTIONS for k, f in section_fields(s).items() if is_switch(f)]
     assert {"train.amp", "train.channels_last", "predict.calibrate", "video.smooth"} <= set(switches)

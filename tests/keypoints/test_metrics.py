@@ -48,8 +48,8 @@ def test_nme_leaves_out_faces_without_an_eye_distance_and_refuses_when_none_has_
 
 
 def test_a_schema_whose_eyes_are_one_point_is_a_param_error():
-    from pipeline.core.config import DataParams
     from pipeline.core.errors import PipelineError
+    from pipeline.core.params_schema import DataParams
     from pipeline.keypoints.schema import get_schema
 
     with pytest.raises(PipelineError) as e:

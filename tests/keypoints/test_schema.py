@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from pipeline.core.config import DataParams
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import DataParams
 from pipeline.keypoints.schema import IBUG68, NOSE1, KeypointSchema, check_schema, get_schema, schema_from_dict
 
 # (image-left, image-right) twins of a frontal face

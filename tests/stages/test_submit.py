@@ -1,8 +1,8 @@
 import numpy as np
 import pytest
 
-from pipeline.core.config import DEFAULTS
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import DEFAULTS
 from pipeline.formats.submission import (
     format_submission,
     read_solution,

@@ -426,7 +426,8 @@ def test_zero_ops_and_validation():
 
 
 def test_from_config_uses_train_section():
-    from pipeline.core.config import DEFAULTS, load_config
+    from pipeline.core.config import load_config
+    from pipeline.core.params_schema import DEFAULTS
     cfg = load_config(None, ["model.input_size=64", "train.randaug_n=1", "train.flip=0.0"])
     aug = TrainAugment.from_config(IBUG68, 96, cfg)
     assert aug.input_size == 64 and aug.randaug.num_ops == 1 and aug.flip_p == 0.0

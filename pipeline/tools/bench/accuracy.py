@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.core.config import Config
+from pipeline.core.params_schema import Config
 from pipeline.detection.detectors import dlib_rect
 from pipeline.formats.annotations import crop_faces, load_xml, read_image, safe_image_path, xml_comment
 from pipeline.formats.submission import read_solution

@@ -10,10 +10,11 @@ from typing import Any, Sequence
 import click
 import torch
 
-from pipeline.core.config import Config, config_options, with_overrides
+from pipeline.core.config import config_options, with_overrides
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, write_json
+from pipeline.core.params_schema import Config
 from pipeline.formats.checkpoint import checkpoint_crop, crop_stamp, load_model
 from pipeline.inference.options import device_option
 from pipeline.keypoints.schema import get_schema
