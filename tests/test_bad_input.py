@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 TRAIN_XML = "labels_ibug_300W_train.xml"
 TEST_XML = "labels_ibug_300W_test_parsed.xml"

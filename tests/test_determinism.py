@@ -18,7 +18,7 @@ import numpy as np
 import torch
 import yaml
 
-from conftest import REPO
+from helpers import REPO
 
 PARAMS = {
     "data": {"dir": "demo"},

@@ -24,7 +24,7 @@ import yaml
 from pipeline.cli import COMMANDS
 from pipeline.core.digest import code_deps, imported_modules
 
-from conftest import REPO, git_dvc_project
+from helpers import REPO, git_dvc_project, speed_only_keys
 
 
 def _stages() -> dict[str, dict]:
@@ -141,10 +141,8 @@ def test_unchanged_outputs_let_dvc_skip_what_follows(dvc_project):
 
 
 def test_speed_only_params_are_not_stage_params():
-    """A param that only changes speed (speed_only in pipeline/core/config.py) must not
+    """A param that only changes speed (speed_only in pipeline/core/params_schema.py) must not
     re-run a stage: no dvc.yaml stage lists it, nor a whole section holding it."""
-    from pipeline.core.config import speed_only_keys
-
     speed_only = speed_only_keys()
     assert speed_only  # crop.n_jobs at least: else this test checks nothing
     sections = {k.split(".")[0] for k in speed_only}
@@ -187,7 +185,7 @@ def test_every_param_change_reruns_its_stage(dvc_project):
 def test_crop_reads_every_data_param_but_the_extra_folders():
     """The main crop lists each data param it reads, not data.extra_train (crop-extra's):
     adding an extra folder re-crops nothing of the main set."""
-    from pipeline.core.config import section_fields
+    from pipeline.core.params_schema import section_fields
 
     params = _stages()["crop"]["params"]
     assert {p for p in params if p.startswith("data")} == {f"data.{k}" for k in section_fields("data")} - \

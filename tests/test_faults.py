@@ -23,7 +23,7 @@ import yaml
 
 from pipeline.formats.checkpoint import load_checkpoint
 
-from conftest import REPO
+from helpers import REPO
 
 EPOCHS = 5
 SETS = ["crop.side=32", "model.input_size=32", "train.batch_size=8", f"train.epochs={EPOCHS}",

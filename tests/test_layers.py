@@ -1,10 +1,19 @@
 """The package's map (docs/design.md, "Layers"): each folder of pipeline/ is a layer, stages
 never import each other, nothing imports upwards, no module sits outside the folders, and
-there is no import loop. Function-level imports count: they are imports all the same."""
+there is no import loop. Function-level imports count: they are imports all the same. And
+every third-party module it imports is declared in pyproject.toml."""
 
 from __future__ import annotations
 
-from conftest import REPO, module_file, module_imports
+import ast
+import re
+import sys
+
+import pytest
+
+from pipeline.core.digest import module_file, module_imports
+
+from helpers import REPO
 
 # The folders of the package, lowest first. A module's layer is its folder (cli.py and
 # __main__.py, at the top, are the cli layer); it may import its own folder and the layers
@@ -115,3 +124,41 @@ def test_the_checks_see_a_violation():
         "pipeline.tools.detect", "pipeline.tools.viz", "pipeline.tools.detect"]
     assert layer_of("pipeline.stray") is None and layer_of("pipeline.stages.crop") == FOLDER_RANK["stages"]
     assert "pipeline.models" in _graph()["pipeline.cli"]
+
+
+# import name -> distribution, where they differ; facenet_pytorch is installed with
+# --no-deps (its wheel pins an old torch: docs/pictures.md), so no extra can name it
+DISTRIBUTION = {"cv2": "opencv-python-headless", "yaml": "pyyaml", "PIL": "pillow", "dlib": "dlib-bin",
+                "face_recognition_models": "face-recognition-models"}
+NO_DEPS_INSTALL = {"facenet_pytorch"}
+
+
+def _third_party_imports() -> dict[str, str]:
+    """Top-level name of every non-stdlib, non-pipeline module the package imports -> a
+    file that imports it (function-level imports included)."""
+    out: dict[str, str] = {}
+    for p in sorted((REPO / "pipeline").rglob("*.py")):
+        for node in ast.walk(ast.parse(p.read_text())):
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module]
+            else:
+                continue
+            for name in names:
+                top = name.split(".")[0]
+                if top not in sys.stdlib_module_names and top != "pipeline":
+                    out.setdefault(top, str(p.relative_to(REPO)))
+    return out
+
+
+def test_every_third_party_import_is_declared_in_pyproject():
+    tomllib = pytest.importorskip("tomllib")
+    project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
+    specs = project["dependencies"] + [d for extra in project["optional-dependencies"].values() for d in extra]
+    declared = {re.split(r"[<>=!~;\[ ]", s, maxsplit=1)[0].lower().replace("_", "-") for s in specs}
+    imports = _third_party_imports()
+    assert {"torch", "pydantic", "PIL", "cv2"} <= set(imports)  # control: the scan sees them
+    missing = {name: where for name, where in imports.items() if name not in NO_DEPS_INSTALL
+               and DISTRIBUTION.get(name, name).lower().replace("_", "-") not in declared}
+    assert not missing, f"imported but not in pyproject.toml: {missing}"

@@ -1,524 +1,36 @@
 """Configuration: defaults, then the params file, then `--set key=value` overrides.
 
-The params schema lives here once: one pydantic model per section of `params.yaml`, each
-field with its type, range or choices, one-line doc and whether it can change a result
-(`docs/params.md` is generated from these models: `pipeline params --doc`). Every stage
-reads only its own sections (as DVC's example-get-started does) and writes the resolved
-values beside its outputs. Unknown keys and values of the wrong type are rejected with the
-file or `--set` and the key named, never silently ignored.
-"""
+Every stage reads only its own sections (as DVC's example-get-started does) and writes the
+resolved values beside its outputs. Unknown keys and values of the wrong type are rejected
+with the file or `--set` and the key named, never silently ignored. What each param is (its
+type, range, doc, the rules between keys) is pipeline/core/params_schema.py; this module
+reads params files and overrides, remembers where each value came from, and gives the
+commands their `--params` / `--set` options."""
 
 from __future__ import annotations
 
 import copy
 import functools
-import math
 import os
-import re
-import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable, Literal, Optional, get_args, get_origin
+from typing import Any, Iterable
 
 import click
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    JsonValue,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_validator,
-)
-from pydantic.fields import FieldInfo
+from pydantic import BaseModel, ValidationError
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import input_file, write_text
-from pipeline.core.paths import DEMO_DIR
-
-# What a param may change, beyond its value being recorded:
-#   speed_only: how fast a stage runs, never a byte of what it writes: left out of the
-#     params.resolved.yaml files, of train's resume key and crop's run id, and of dvc.yaml's
-#     params (tests/test_dvc.py checks dvc.yaml), so that changing one re-runs nothing
-#   runtime: where and how a training runs (device, workers, compilation, heap policy):
-#     recorded in params.resolved.yaml and re-runs DVC's stage, but a killed run may
-#     resume from a checkpoint made under another value
-SPEED_ONLY_MARK = "speed_only"
-RUNTIME_MARK = "runtime"
-
-# On/off switches: fields whose choices include "on" and "off" (train.amp,
-# train.channels_last, ...). YAML reads on/off/yes/no/true/false as booleans; for a switch
-# they mean "on"/"off".
-SWITCH_DEFAULTS = ("auto", "on", "off")
-Switch = Literal["auto", "on", "off"]
-Amp = Literal["auto", "on", "off", "bf16", "fp16"]
-
-
-def param(default: Any, doc: str, *, speed_only: bool = False, runtime: bool = False,
-          must: str | None = None, **constraints: Any) -> Any:
-    """A field: its default, one-line doc, range (ge/gt/le/lt) and what it may change.
-    `must` words the requirement in errors when the range alone cannot (a regex, a list)."""
-    extra: dict[str, JsonValue] = {k: v for k, v in ((SPEED_ONLY_MARK, speed_only), (RUNTIME_MARK, runtime),
-                                                     ("must", must)) if v}
-    return Field(default, description=doc, json_schema_extra=extra or None, **constraints)
-
-
-class Section(BaseModel):
-    """One section of params.yaml: strict types (a bool is not an int, a string not a
-    number; an int is taken for a float), finite floats, no unknown keys, frozen."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, allow_inf_nan=False,
-                              validate_default=True)
-
-    @model_validator(mode="before")
-    @classmethod
-    def _switch_booleans(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        out = dict(data)
-        for name, value in data.items():
-            if isinstance(value, bool) and name in cls.model_fields and is_switch(cls.model_fields[name]):
-                out[name] = "on" if value else "off"
-        return out
-
-
-class ParamValueError(ValueError):
-    """A validator's complaint that is already the whole sentence (it names the keys at
-    fault), shown as it is instead of the field's generic requirement."""
-
-
-def switch_on(value: str, auto: bool, key: str) -> bool:
-    """A switch's setting as a bool: on, off, or `auto` (the field's documented choice, which
-    the caller knows). The one place "auto"/"on"/"off" is read; a bad value (from code that
-    did not load it through Config) is blamed on `key`."""
-    if value not in SWITCH_DEFAULTS:
-        raise PipelineError(params_source(key), f"{key.split('.')[-1]} must be auto|on|off, got '{value}'")
-    return value == "on" or (value == "auto" and auto)
-
-
-def is_switch(field: FieldInfo) -> bool:
-    """An on/off field (train.amp, video.smooth, ...): its choices hold both on and off."""
-    choices = getattr(field.annotation, "__args__", ()) if getattr(field.annotation, "__origin__", None) is Literal \
-        else ()
-    return "on" in choices and "off" in choices
-
-
-def _extra(field: FieldInfo) -> dict:
-    return field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-
-
-def is_speed_only(field: FieldInfo) -> bool:
-    return bool(_extra(field).get(SPEED_ONLY_MARK))
-
-
-def is_runtime(field: FieldInfo) -> bool:
-    return bool(_extra(field).get(RUNTIME_MARK))
-
-
-# a data.extra_train name: a DVC stage item (crop-extra@NAME), an argument and a folder name
-EXTRA_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
-
-
-with warnings.catch_warnings():  # `schema` shadows BaseModel's deprecated classmethod, on purpose
-    warnings.filterwarnings("ignore", message='Field name "schema"')
-
-    class DataParams(Section):
-        dir: Optional[str] = param(None, "dataset folder holding the two XMLs; null = the embedded demo set")
-        train_xml: str = param("labels_ibug_300W_train.xml", "training annotations, relative to data.dir")
-        test_xml: str = param("labels_ibug_300W_test_parsed.xml", "test annotations, relative to data.dir")
-        solution: str = param("solution.csv", "truth of the test set, relative to data.dir; scored when present")
-        schema: str = param("ibug68", "keypoint layout: ibug68 | nose1 | custom")  # type: ignore[assignment]  # shadows BaseModel.schema on purpose
-        custom_schema: Optional[dict[str, Any]] = param(None, "with schema: custom -> {names, flip, eyes}")
-        # coordinate of the first pixel's centre in the labels: 0 = dlib / OpenCV, 1 = the
-        # 1-based Matlab convention of the 300-W .pts files. Internally pixel centres sit at
-        # 0, 1, ...; a wrong origin makes mirrored training samples disagree by 2 * origin px
-        # in x (the flip maps x -> W - 1 - x) and biases predictions by -origin px in x
-        label_origin: float = param(0.0, "coordinate of the first pixel's centre in the labels: 0 = dlib / OpenCV, "
-                                         "1 = 1-based (300-W .pts)", ge=-1e3, le=1e3)
-        # train-only faces: each folder is in the competition layout with its own train_xml
-        # (same schema, label_origin and crop as data.dir); `pipeline crop-extra NAME` caches
-        # it in data/extra/NAME, and its faces join the training side of every fold
-        extra_train: dict[str, str] = param(
-            {}, "extra training faces, never validated: {name: folder with its own train_xml}, folders relative "
-                "to the repo root or absolute (docs/recipes.md, Adding your own training faces)",
-            must="a mapping of names (letters, digits, _ and -, not starting with -) to distinct folders, "
-                 "none of them data.dir")
-
-        @field_validator("extra_train", mode="before")
-        @classmethod
-        def _null_extras(cls, v: Any) -> Any:
-            return {} if v is None else v
-
-        @field_validator("extra_train")
-        @classmethod
-        def _extra_folders(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
-            """Names usable as a DVC stage item, a command argument and a folder name; no
-            folder given twice, none the main one (its faces are validated)."""
-            main = info.data.get("dir") or DEMO_DIR
-            seen: dict[str, str] = {}
-            for name, folder in v.items():
-                if not EXTRA_NAME.fullmatch(name):
-                    raise ParamValueError(f"'data.extra_train' name {name!r} must be letters, digits, _ and - "
-                                          "(not starting with -)")
-                if not folder:
-                    raise ParamValueError(f"'data.extra_train.{name}' must be a folder, got ''")
-                real = os.path.realpath(folder)
-                if real == os.path.realpath(main):
-                    raise ParamValueError(f"'data.extra_train.{name}' is data.dir ({main}): its faces are "
-                                          "already trained on and validated")
-                if real in seen:
-                    raise ParamValueError(f"'data.extra_train.{seen[real]}' and 'data.extra_train.{name}' are "
-                                          f"the same folder ({folder}): give each folder once")
-                seen[real] = name
-            return v
-
-
-class DemoParams(Section):
-    n_train: int = param(400, "synthetic training faces", ge=1)
-    n_test: int = param(60, "synthetic test faces (truth goes to solution.csv)", ge=1)
-    seed: int = param(0, "same seed -> byte-identical XML and CSV", ge=0)
-    layout: Literal["flat", "300w"] = param(
-        "flat", "flat (images/train, images/test) | 300w (the full set's folders, names, mirrors)")
-
-
-class CropParams(Section):
-    expand: float = param(1.25, "box side is scaled by this before the square crop", gt=0, le=10)
-    # not "size": DVC's run cache ignores params named size (treeverse/dvc#10296), so a
-    # change would not re-run crop
-    side: int = param(64, "cached face side in pixels (uint8, N x side x side x 3)", ge=8, le=4096)
-    n_jobs: int = param(2, "joblib workers (negative: all cores but n+1)", speed_only=True,
-                        must="a nonzero integer (negative: all cores but n+1)")
-
-    @field_validator("n_jobs")
-    @classmethod
-    def _nonzero(cls, v: int) -> int:
-        if v == 0:
-            raise ValueError("n_jobs")
-        return v
-
-
-# photo groups (kept in one fold): a regex matched against each image path without its
-# extension; its named group 'photo' is the group. The default is 300-W's naming (face
-# _1.._99, mirror _mirror): see pipeline.formats.annotations.photo_group
-GROUP_REGEX = r"^(?P<photo>.+?)(?:_\d{1,2})?(?:_mirror)?$"
-
-
-class FoldsParams(Section):
-    k: int = param(5, "number of folds", ge=2)
-    seed: int = param(0, "shuffling of photo groups", ge=0)
-    train: list[int] = param([0, 1, 2, 3, 4], "folds that get a train stage in dvc.yaml (each < k, each once)",
-                             must="a list of fold numbers (integers >= 0)")
-    group_regex: str = param(GROUP_REGEX, "photo groups kept in one fold: a regex on each image path without "
-                                          "its extension, its named group 'photo' is the group",
-                             must="a regex with a named group (?P<photo>...)")
-
-    @field_validator("train")
-    @classmethod
-    def _fold_numbers(cls, v: list[int]) -> list[int]:
-        if any(f < 0 for f in v):
-            raise ValueError("train")
-        return v
-
-    @field_validator("group_regex")
-    @classmethod
-    def _photo_group(cls, v: str) -> str:
-        try:
-            ok = "photo" in re.compile(v).groupindex
-        except re.error:
-            ok = False
-        if not ok:
-            raise ValueError("group_regex")
-        return v
-
-
-# The options each model preset takes (`model.options`) and their types, so that a params
-# file is checked when it is loaded, before torch is imported or a model is built: the keys of
-# each preset's constructor (pipeline/models; tests/models/test_registry.py keeps the two
-# equal). Kinds: int, number, bool, string, ints (a list of integers); "... or null".
-_RESUNET_OPTIONS = {"block": "string", "depths": "ints", "width": "number", "stem_widths": "ints",
-                    "decoder_widths": "ints or null", "decoder_block": "string or null", "upsample": "string",
-                    "blurpool": "bool", "act": "string", "input_skip": "bool", "zero_init_last": "bool",
-                    "decoder_levels": "int", "map_upsample": "int"}
-MODEL_OPTIONS: dict[str, dict[str, str]] = {
-    "resunet72": _RESUNET_OPTIONS, "resunet-tiny": _RESUNET_OPTIONS, "resunet26-half": _RESUNET_OPTIONS,
-    "resunet-fast": _RESUNET_OPTIONS,
-    "vgg-seed": {"widths": "ints", "convs": "ints", "fc_width": "int", "act": "string"},
-    "resnet50-fc": {},
-}
-_OPTION_WORDS = {"int": "an integer", "number": "a number", "bool": "true or false", "string": "a string",
-                 "ints": "a list of integers"}
-
-
-def _option_ok(kind: str, value: Any) -> bool:
-    if kind.endswith(" or null") and value is None:
-        return True
-    kind = kind.removesuffix(" or null")
-    if kind == "int":
-        return type(value) is int
-    if kind == "number":
-        return type(value) in (int, float) and math.isfinite(value)
-    if kind == "bool":
-        return isinstance(value, bool)
-    if kind == "string":
-        return isinstance(value, str)
-    return isinstance(value, list) and all(type(v) is int for v in value)  # ints
-
-
-def _option_words(kind: str) -> str:
-    base = kind.removesuffix(" or null")
-    return _OPTION_WORDS[base] + (" or null" if base != kind else "")
-
-
-class ModelParams(Section):
-    model_config = ConfigDict(protected_namespaces=())
-    preset: str = param("resunet-tiny", "registry name, see `pipeline models`")
-    input_size: int = param(64, "network input side in pixels", ge=8, le=4096)
-    in_chans: int = param(3, "3 = colour, 1 = grayscale", must="1 or 3")
-    options: dict[str, Any] = param({}, "preset keyword overrides (width, blurpool, act, decoder_levels, map_upsample, "
-                                        "...): each must be an option of the preset, of its type")
-
-    @field_validator("in_chans")
-    @classmethod
-    def _chans(cls, v: int) -> int:
-        if v not in (1, 3):
-            raise ValueError("in_chans")
-        return v
-
-    @field_validator("options", mode="before")
-    @classmethod
-    def _null_options(cls, v: Any) -> Any:
-        return {} if v is None else v
-
-
-class TrainParams(Section):
-    epochs: int = param(12, "training epochs", ge=1)
-    batch_size: int = param(16, "faces a step, over all DDP ranks", ge=1)
-    optimizer: Literal["adamw", "sgd"] = param("adamw", "adamw | sgd")
-    lr: float = param(1.0e-3, "peak learning rate after warm-up", gt=0)
-    momentum: float = param(0.9, "SGD momentum / AdamW beta1", ge=0, lt=1)
-    weight_decay: float = param(1.0e-5, "weight decay (not of norms and biases)", ge=0, le=1e3)
-    warmup_epochs: float = param(1.0, "linear warm-up length; then cosine decay to 0", ge=0, le=1e6)
-    loss: Literal["l1", "l2", "mse", "euclidean", "wing"] = param("l1", "keypoint loss: l1 | l2 | mse | euclidean | wing")
-    wing_width: float = param(10.0, "wing loss: errors below this many input px are on its log curve", gt=0, le=1e6)
-    wing_curvature: float = param(2.0, "wing loss: its curvature, input px (slope near 0 = width / curvature)",
-                                  gt=0, le=1e6)
-    structure_lambda: float = param(0.2, "weight of the structure loss (0 disables)", ge=0, le=1e6)
-    # losses on coordinates scaled to [-1, 1] (errors / half the input size), as in the
-    # integral-regression papers: the SGD lr 0.8 of recipes/gpu.yaml assumes this scale
-    normalize_coords: bool = param(True, "losses on [-1, 1] coordinates (errors / half the input size)")
-    heatmap_lambda: float = param(1.0, "weight of the DSNT heatmap regulariser (JS to a Gaussian), 0 = off",
-                                  ge=0, le=1e6)
-    heatmap_sigma: float = param(1.0, "its Gaussian's sigma in heatmap pixels", gt=0, le=1e3)
-    scale_min: float = param(0.75, "random resize range, low end (<= scale_max)", gt=0, le=100)
-    scale_max: float = param(1.3333333, "random resize range, high end", gt=0, le=100)
-    flip: float = param(0.5, "horizontal flip probability (indices remapped by the schema)", ge=0, le=1)
-    randaug_n: int = param(2, "RandAugment number of ops (0 disables)", ge=0)
-    randaug_m: int = param(7, "RandAugment magnitude", ge=0, le=30)
-    rotate: float = param(0.0, "random rotation about the face centre, degrees: uniform in [-rotate, rotate] (0 = off)",
-                          ge=0, le=180)
-    erase: float = param(0.0, "occlusion: probability of one rectangle per sample filled with one random grey (2-33% "
-                              "of the input's area, aspect 0.3-3.3); its keypoints keep their labels (0 = off)",
-                         ge=0, le=1)
-    amp: Amp = param("auto", "autocast: auto (CUDA: bf16 where native, else fp16; CPU: bf16 where the CPU has "
-                             "native bf16, avx512_bf16 or amx_bf16 in /proc/cpuinfo, else fp32) | on | off | bf16 "
-                             "| fp16. The fold's log line names the dtype chosen")
-    channels_last: Switch = param("auto", "NHWC activations: auto (= on: faster on CUDA and with oneDNN on the "
-                                          "CPU) | on | off")
-    sync_bn: Switch = param("auto", "BatchNorm over the global batch under DDP (SyncBatchNorm, CUDA only): auto = "
-                                    "when the per-rank batch is below 16 | on | off")
-    # on the 2-core CPU inductor costs 25-60 s per fold and gains ~2% (docs/benchmarks.md)
-    compile: Switch = param("auto", "torch.compile (inductor) of the training network: auto (= off) | on | off",
-                            runtime=True)
-    keep_freed_memory: Switch = param("auto", "keep freed memory in the process heap (glibc mallopt) instead of "
-                                              "handing big blocks back after every step: auto (= on with glibc) "
-                                              "| on | off", runtime=True)
-    ema_decay: float = param(0.0, "EMA of the weights (and BN buffers) per optimizer step, evaluated each epoch "
-                                  "beside the raw weights; best.pt keeps the better; 0 = off", ge=0, lt=1)
-    val_every: int = param(1, "validate every N epochs and after the last one (best.pt is chosen among the "
-                              "validated epochs); 1 = every epoch", ge=1)
-    device: str = param("auto", "auto | cpu | cuda | cuda:N", runtime=True)
-    num_workers: int = param(0, "loader worker processes (0 = main process); each sample's augmentation is "
-                                "seeded by (seed, epoch, sample), so any count trains the same model", ge=0,
-                             runtime=True)
-    seed: int = param(0, "weights, sampling and augmentation", ge=0)
-    grad_clip: float = param(0.0, "max grad norm, 0 = off", ge=0, le=1e9)
-
-
-class PredictParams(Section):
-    tta: Literal["none", "flip"] = param("flip", "test-time augmentation: none | flip")
-    # pipeline/keypoints/views.py: each view mapped back exactly and averaged with the plain
-    # (and flipped) view; 4 extra views: 5x the inference cost
-    tta_jitter: float = param(0.0, "extra scale/shift TTA views: zoom by 1 +- a, shift by +-a/2 of the side; "
-                                   "0 = off", ge=0, le=0.5)
-    calibrate: Switch = param("auto", "subtract the per-keypoint mean OOF residual from the test predictions: "
-                                      "on | off | auto (only when it lowers the leave-one-out calibrated OOF MAE)")
-    batch_size: int = param(64, "faces a forward; flip TTA doubles it", ge=1)
-    device: str = param("auto", "auto | cpu | cuda | cuda:N")
-    amp: Amp = param("auto", "autocast of predict's forward passes: auto (CUDA: bf16 where native, else fp16; "
-                             "CPU: off) | on | off | bf16 | fp16. Training's validation runs as auto does, so a "
-                             "fold's val NME is its OOF NME without TTA")
-    checkpoint: str = param("best.pt", "which file of models/fold{K}/")
-
-
-class SubmitParams(Section):
-    name: str = param("submission", "submissions/<name>.csv")
-
-
-class VideoParams(Section):
-    """pipeline predict-video (pipeline/inference/tracking.py, pipeline/keypoints/smoothing.py)"""
-
-    detect_every: int = param(10, "run the face detector every N frames (and sooner when a track is lost)", ge=1)
-    # a bound on the detector's cost per second: fps / retry_every + fps / detect_every runs,
-    # never every frame
-    retry_every: int = param(5, "while a track is lost or nothing is tracked, the detector runs at most "
-                                "every N frames", ge=1)
-    detector: Literal["auto", "mtcnn", "dlib", "haar"] = param("auto", "auto | mtcnn | dlib | haar "
-                                                                       "(see predict-image)")
-    match_iou: float = param(0.3, "a detection with this IoU to a track's box continues that track (same id)",
-                             gt=0, le=1)
-    max_missed: int = param(1, "a track missed on more detection frames in a row than this is closed", ge=0)
-    min_visible: float = param(0.5, "a track whose box is less than this share inside the picture is closed",
-                               ge=0, le=1)
-    max_faces: int = param(0, "track at most N faces at once (0: all)", ge=0)
-    # the box from a face's keypoints on the last frame, in the training boxes' convention:
-    # width = box_w_scale * keypoint x extent, height = box_h_scale * y extent, centre =
-    # extent centre + (box_dx, box_dy) * extent. Medians of both train XMLs (demo set and
-    # ibug300w-mini agree to 0.01; tracking.measure_points_to_box)
-    box_w_scale: float = param(1.0, "box from last frame's keypoints: width = this x keypoint x extent",
-                               gt=0, le=10)
-    box_h_scale: float = param(1.12, "height = this x keypoint y extent", gt=0, le=10)
-    box_dx: float = param(0.0, "box centre shift in x, in extents", ge=-1, le=1)
-    box_dy: float = param(-0.06, "box centre shift in y, in extents", ge=-1, le=1)
-    smooth: Literal["on", "off"] = param("on", "smooth the keypoints over time (video.filter): on | off (raw "
-                                               "predictions)")
-    # poly: no lag (best-aligning delay 0 frames on real clips), at half_window_s of latency as
-    # the video is written that much behind; One Euro cut real-clip jitter by only a third at
-    # settings without lag (docs/video.md)
-    filter: Literal["poly", "one_euro"] = param(
-        "poly", "poly: a centred local quadratic (Savitzky-Golay) over +-half_window_s | one_euro: causal "
-                "(Casiez et al. 2012: min_cutoff, beta, d_cutoff), for live use")
-    half_window_s: float = param(0.1, "s: half the poly window (0.1: 7 frames at 30 fps; longer = less jitter, "
-                                      "more lag; 0 = no smoothing)", ge=0, le=10)
-    min_cutoff: float = param(0.1, "Hz: cutoff for a still face (lower = less jitter, more lag)", gt=0, le=1e3)
-    beta: float = param(100.0, "Hz of cutoff per (face size / s) of speed (higher = less lag when moving)",
-                        ge=0, le=1e3)
-    d_cutoff: float = param(1.0, "Hz: cutoff of the speed estimate", gt=0, le=1e3)
-
-
-class Config(BaseModel):
-    """Every section of params.yaml. Modules take the section they read (`cfg.train`)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, protected_namespaces=())
-    data: DataParams = DataParams()
-    demo: DemoParams = DemoParams()
-    crop: CropParams = CropParams()
-    folds: FoldsParams = FoldsParams()
-    model: ModelParams = ModelParams()
-    train: TrainParams = TrainParams()
-    predict: PredictParams = PredictParams()
-    submit: SubmitParams = SubmitParams()
-    video: VideoParams = VideoParams()
-
-
-SECTIONS: tuple[str, ...] = tuple(Config.model_fields)
-
-
-def section_fields(section: str) -> dict[str, FieldInfo]:
-    model: type[BaseModel] = Config.model_fields[section].annotation  # type: ignore[assignment]  # every section is a Section
-    return model.model_fields
-
-
-DEFAULTS = Config()
-
-
-# ---------------------------------------------------------------- errors in words
-
-_TYPE_NAMES = {bool: "bool", int: "int", float: "number", str: "string", dict: "mapping", list: "list"}
-
-
-def _base_types(annotation: Any) -> list[type]:
-    """The plain types a field takes (Optional[str] -> [str, NoneType]; Literal -> its values' types)."""
-    origin = getattr(annotation, "__origin__", None)
-    args = getattr(annotation, "__args__", ())
-    if origin is Literal:
-        return list(dict.fromkeys(type(a) for a in args))
-    if args and origin is not None and origin not in (list, dict):  # Union / Optional
-        return [t for a in args for t in _base_types(a)]
-    return [origin or annotation]
-
-
-def type_name(field: FieldInfo) -> str:
-    types = _base_types(field.annotation)
-    if dict in types:  # a free-form mapping (model.options, data.custom_schema; null = none)
-        return "mapping"
-    if type(None) in types:
-        return " or ".join(t.__name__ for t in types if t is not type(None)) + " or null"
-    return " or ".join(_TYPE_NAMES.get(t, getattr(t, "__name__", str(t))) for t in types)
-
-
-def _choices(field: FieldInfo) -> tuple | None:
-    ann = field.annotation
-    return get_args(ann) if get_origin(ann) is Literal else None
-
-
-def _bounds(field: FieldInfo) -> dict[str, float]:
-    out = {}
-    for m in field.metadata:
-        for k in ("ge", "gt", "le", "lt"):
-            if getattr(m, k, None) is not None:
-                out[k] = getattr(m, k)
-    return out
-
-
-def requirement(field: FieldInfo) -> str:
-    """What a value of `field` must be, in words: 'an integer >= 1', 'a number in (0, 10]',
-    'auto, on or off'. Types alone ('int') are worded by type_name."""
-    if _extra(field).get("must"):
-        return _extra(field)["must"]
-    choices = _choices(field)
-    if choices:
-        words = [str(c) for c in choices]
-        return ", ".join(words[:-1]) + " or " + words[-1] if len(words) > 1 else words[0]
-    b = _bounds(field)
-    lo, hi = b.get("ge", b.get("gt")), b.get("le", b.get("lt"))
-    if int in _base_types(field.annotation):
-        if hi is None:
-            return f"an integer >= {lo}"
-        return f"an integer in [{lo}, {hi}]"
-    if lo is not None and hi is None:
-        return f"a number {'>' if 'gt' in b else '>='} {lo:g}"
-    if lo is not None:
-        return f"a number in {'(' if 'gt' in b else '['}{lo:g}, {hi:g}{')' if 'lt' in b else ']'}"
-    return f"a {type_name(field)}"
-
-
-def _type_ok(field: FieldInfo, value: Any) -> bool:
-    types = _base_types(field.annotation)
-    if isinstance(value, bool):
-        return bool in types
-    if float in types and isinstance(value, int):
-        return True
-    return any(isinstance(value, t) for t in types if t is not Any)
-
-
-def _explain(err: dict, section: str) -> str:
-    """One pydantic error of a section -> "'train.lr' must be a number > 0, got -1"."""
-    if isinstance((err.get("ctx") or {}).get("error"), ParamValueError):
-        return str(err["ctx"]["error"])
-    name = str(err["loc"][0])
-    key = f"{section}.{name}"
-    field = section_fields(section)[name]
-    value = err["input"] if len(err["loc"]) == 1 else None
-    if len(err["loc"]) == 1:
-        if err["type"] == "finite_number":
-            return f"'{key}' must be a finite number, got {value!r}"
-        if not _type_ok(field, value):
-            what = "a mapping" if dict in _base_types(field.annotation) else type_name(field)
-            return f"'{key}' must be {what}, got {value!r}"
-        return f"'{key}' must be {requirement(field)}, got {value!r}"
-    return f"'{key}' must be {requirement(field)}"  # an element of a list
-
+from pipeline.core.params_schema import (
+    DEFAULTS,
+    SWITCH_DEFAULTS,
+    Config,
+    check_params,
+    explain_error,
+    is_runtime,
+    is_speed_only,
+    section_fields,
+)
 
 # ---------------------------------------------------------------- loading
 
@@ -617,7 +129,7 @@ def merge(cfg: Config, update: Any, source: str) -> Config:
         return Config.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        raise PipelineError(source, _explain(dict(err, loc=err["loc"][1:]), str(err["loc"][0]))) from None
+        raise PipelineError(source, explain_error(dict(err, loc=err["loc"][1:]), str(err["loc"][0]))) from None
 
 
 _SOURCE: dict[str, Any] = {"file": "params.yaml", "set": {}}  # of the last load_config (one per CLI process)
@@ -632,6 +144,15 @@ def params_source(*keys: str) -> str:
             if key == set_key or key.startswith(set_key + "."):
                 return f"--set {text}"
     return _SOURCE["file"]
+
+
+def switch_on(value: str, auto: bool, key: str) -> bool:
+    """A switch's setting as a bool: on, off, or `auto` (the field's documented choice, which
+    the caller knows). The one place "auto"/"on"/"off" is read; a bad value (from code that
+    did not load it through Config) is blamed on `key`."""
+    if value not in SWITCH_DEFAULTS:
+        raise PipelineError(params_source(key), f"{key.split('.')[-1]} must be auto|on|off, got '{value}'")
+    return value == "on" or (value == "auto" and auto)
 
 
 def with_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
@@ -651,38 +172,6 @@ def with_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
 
     check_params(cfg, blame)
     return cfg
-
-
-def check_params(cfg: Config, blame: Callable[..., str] | None = None) -> None:
-    """The rules between keys, checked once the params file and every --set are merged (so
-    that `--set folds.k=2 --set folds.train=[0,1]` passes): train.scale_min <= scale_max,
-    folds.train within range(folds.k) and each fold once, model.preset registered and each
-    of model.options an option of that preset, of its type. One line naming the keys;
-    `blame(*keys)` names where they came from (default `params_source`)."""
-    blame = blame or params_source
-    t, f, m = cfg.train, cfg.folds, cfg.model
-    if t.scale_min > t.scale_max:
-        raise PipelineError(blame("train.scale_min", "train.scale_max"),
-                            f"'train.scale_min' {t.scale_min:.12g} must be <= 'train.scale_max' {t.scale_max:.12g}")
-    if any(fold >= f.k for fold in f.train):
-        raise PipelineError(blame("folds.train", "folds.k"),
-                            f"'folds.train' {f.train} must name folds of 'folds.k' {f.k} (0..{f.k - 1})")
-    twice = [fold for i, fold in enumerate(f.train) if fold in f.train[:i]]
-    if twice:
-        raise PipelineError(blame("folds.train"), f"'folds.train' {f.train} names fold {twice[0]} twice")
-    if m.preset not in MODEL_OPTIONS:
-        raise PipelineError(blame("model.preset"), f"'model.preset' must be a registered preset "
-                                                   f"({', '.join(MODEL_OPTIONS)}), got {m.preset!r}")
-    known = MODEL_OPTIONS[m.preset]
-    for name, value in m.options.items():
-        if name not in known:
-            raise PipelineError(blame(f"model.options.{name}", "model.preset"),
-                                f"'model.options' of preset '{m.preset}': unknown option {name!r} "
-                                f"(known: {', '.join(sorted(known)) or 'none'})")
-        if not _option_ok(known[name], value):
-            raise PipelineError(blame(f"model.options.{name}", "model.preset"),
-                                f"'model.options.{name}' of preset '{m.preset}' must be "
-                                f"{_option_words(known[name])}, got {value!r}")
 
 
 def load_config(params: str | os.PathLike | None = "params.yaml", overrides: Iterable[str] = ()) -> Config:
@@ -717,10 +206,6 @@ def result_params(cfg: Config | dict, sections: Iterable[str], drop_runtime: boo
         return field is None or not (is_speed_only(field) or (drop_runtime and is_runtime(field)))
 
     return {s: {k: v for k, v in data.get(s, {}).items() if kept(s, k)} for s in sections}
-
-
-def speed_only_keys() -> set[str]:
-    return {f"{s}.{k}" for s in SECTIONS for k, f in section_fields(s).items() if is_speed_only(f)}
 
 
 def write_resolved(cfg: Config, out_dir: str | os.PathLike, sections: Iterable[str],

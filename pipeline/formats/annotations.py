@@ -1,7 +1,7 @@
 """The competition's annotation files: reader and writer, and the faces' pixels.
 
 dlib/imglab XML (`labels_ibug_300W_train.xml`: <image file> / <box top left width height>
-/ <part name x y>; `labels_ibug_300W_test_parsed.xml`: boxes only) and `.pts` folders.
+/ <part name x y>; `labels_ibug_300W_test_parsed.xml`: boxes only).
 Image paths are relative to the annotation file's folder and may not leave it."""
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ import numpy as np
 from joblib import Parallel, delayed
 from tqdm import tqdm
 
-from pipeline.core.config import DEFAULTS, params_source
+from pipeline.core.config import params_source
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import input_file
-from pipeline.keypoints.geometry import check_box, crop_one, crop_transform
+from pipeline.core.params_schema import DEFAULTS
+from pipeline.keypoints.geometry import check_box, crop_face
 from pipeline.keypoints.schema import KeypointSchema
 
 
@@ -168,53 +169,6 @@ def load_xml(path: str | os.PathLike, schema: KeypointSchema, require_parts: boo
     return faces
 
 
-def read_pts(path: Path) -> np.ndarray:
-    """`.pts`: 'version: 1 / n_points: N / { x y ... }', or bare 'x y' lines."""
-    try:
-        lines = [ln.strip() for ln in path.read_text().splitlines() if ln.strip()]
-    except UnicodeDecodeError:
-        raise PipelineError(path, "not a text .pts file") from None
-    pts, declared = [], None
-    for i, ln in enumerate(lines, 1):
-        if ln.lower().startswith("n_points"):
-            declared = int(_number(ln.split(":", 1)[1].strip(), path, f"line {i}", "n_points"))
-            continue
-        if ln.lower().startswith("version") or ln in "{}":
-            continue
-        fields = ln.split()
-        if len(fields) != 2:
-            raise PipelineError(path, f"expected 'x y', got {ln!r}", f"line {i}")
-        pts.append((_number(fields[0], path, f"line {i}", "x"), _number(fields[1], path, f"line {i}", "y")))
-    if declared is not None and declared != len(pts):
-        raise PipelineError(path, f"n_points says {declared} but {len(pts)} points follow")
-    if not pts:
-        raise PipelineError(path, "no points")
-    return np.asarray(pts, dtype=np.float64)
-
-
-def load_pts_dir(folder: str | os.PathLike, schema: KeypointSchema) -> list[Face]:
-    """One face per `<name>.pts`, image `<name>.jpg|.png` beside it, box = keypoint extent."""
-    folder = Path(folder)
-    if not folder.is_dir():
-        raise PipelineError(folder, "not a folder of .pts files")
-    faces = []
-    for pts_path in sorted(folder.rglob("*.pts")):
-        rel_stem = pts_path.relative_to(folder).with_suffix("")
-        img = next((pts_path.with_suffix(e) for e in (".jpg", ".jpeg", ".png", ".JPG", ".PNG")
-                    if pts_path.with_suffix(e).exists()), None)
-        if img is None:
-            raise PipelineError(pts_path, "no image beside it (.jpg or .png with the same name)")
-        kp = _select(read_pts(pts_path), schema, pts_path, "points")
-        x0, y0 = kp.min(0)
-        x1, y1 = kp.max(0)
-        rel = str(PurePosixPath(*img.relative_to(folder).parts))
-        faces.append(Face(rel, (x0, y0, max(x1 - x0, 1.0), max(y1 - y0, 1.0)), kp,
-                          str(PurePosixPath(*rel_stem.parts)), photo_group(rel)))
-    if not faces:
-        raise PipelineError(folder, "no .pts files")
-    return faces
-
-
 MAX_IMAGE_PIXELS = 100_000_000  # 10000 x 10000: no photo of a face is larger
 
 
@@ -319,11 +273,7 @@ def _crop_image(path: str, boxes: list, expand: float, size: int, rel: str = "")
         bad = check_box(box, image.shape[1], image.shape[0])
         if bad:
             return ("error", None, bad, f"image {rel or path} box {j}")
-    out = []
-    for box in boxes:
-        a = crop_transform(box, expand, size)
-        out.append((crop_one(image, a, size), a))
-    return ("ok", out, image.shape[1], image.shape[0])
+    return ("ok", [crop_face(image, box, expand, size) for box in boxes], image.shape[1], image.shape[0])
 
 
 def crop_faces(faces: list[Face], root: str | os.PathLike, size: int, expand: float, n_jobs: int = 1,

@@ -20,9 +20,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from pipeline.core.config import Config, DataParams, result_params
+from pipeline.core.config import result_params
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import write_json, write_npy, write_text
+from pipeline.core.params_schema import Config, DataParams
 from pipeline.core.paths import DEMO_DIR
 from pipeline.keypoints.geometry import to_crop
 from pipeline.keypoints.schema import KeypointSchema, schema_from_dict

@@ -16,6 +16,7 @@ import torch
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import input_file, torch_save
+from pipeline.keypoints.schema import check_schema
 from pipeline.models import build_model
 
 REQUIRED = ("model_config", "model", "schema", "epoch")
@@ -69,10 +70,7 @@ def load_checkpoint(path: str | os.PathLike, map_location: str | torch.device = 
         theirs = ckpt["schema"]
         if not isinstance(theirs, dict):
             raise PipelineError(path, f"not a pipeline checkpoint ('schema' is a {type(theirs).__name__}, not a mapping)")
-        if theirs.get("names") != list(schema.names) or theirs.get("flip") != list(schema.flip_perm):
-            raise PipelineError(path, f"checkpoint is for schema '{theirs.get('name')}' "
-                                      f"({len(theirs.get('names', []))} points), data uses "
-                                      f"'{schema.name}' ({schema.k} points)")
+        check_schema(theirs, schema, path)
     return ckpt
 
 

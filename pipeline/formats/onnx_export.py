@@ -29,6 +29,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.io import input_file
 from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_label_origin, crop_stamp
 from pipeline.keypoints.preprocess import MEAN, STD
+from pipeline.keypoints.schema import check_schema
 
 FORMAT = 1  # bump when the JSON or the graph contract changes
 INPUT, COORDS, PROBS = "image", "coords", "probs"
@@ -139,10 +140,8 @@ def read_export(onnx_path: str | os.PathLike, schema=None) -> dict[str, Any]:
         raise PipelineError(jp, f"export format {meta['format']}, this pipeline reads {FORMAT}: re-export")
     if sha256_file(onnx_path) != meta["onnx_sha256"]:
         raise PipelineError(onnx_path, f"does not match {jp.name} (sha256 differs): re-export both files")
-    if schema is not None and (meta["schema"].get("names") != list(schema.names)
-                               or meta["schema"].get("flip") != list(schema.flip_perm)):
-        raise PipelineError(onnx_path, f"exported for schema '{meta['schema'].get('name')}', data uses "
-                                       f"'{schema.name}' ({schema.k} points)")
+    if schema is not None:
+        check_schema(meta["schema"], schema, onnx_path, "exported model")
     return meta
 
 

@@ -42,11 +42,6 @@ _FLOAT_RE = re.compile(r"[+-]?(\d+\.?\d*|\.\d+)([eE][+-]?\d+)?", re.ASCII)
 _NONFINITE = {"nan", "+nan", "-nan", "inf", "+inf", "-inf", "infinity", "+infinity", "-infinity"}
 
 
-def submission_ids(n_faces: int, k: int) -> np.ndarray:
-    """Ids as an (N, K, 2) array: ids[i, k, c] == (i * K + k) * 2 + c."""
-    return np.arange(n_faces * k * 2, dtype=np.int64).reshape(n_faces, k, 2)
-
-
 def validate_coords(coords, source: str | os.PathLike | None = None, n_faces: int | None = None,
                     k: int | None = None) -> np.ndarray:
     """Check an (N, K, 2) coordinate array; return it as float64."""

@@ -31,8 +31,8 @@ from pipeline.formats.annotations import crop_faces, load_xml, read_image
 from pipeline.formats.checkpoint import checkpoint_crop
 from pipeline.inference.predictor import load_predictor
 from pipeline.inference.tta import predict_original
-from pipeline.keypoints.geometry import crop_one, crop_transform
-from pipeline.keypoints.schema import KeypointSchema, schema_from_dict
+from pipeline.keypoints.geometry import crop_face
+from pipeline.keypoints.schema import KeypointSchema, check_schema, schema_from_dict
 
 log = logging.getLogger(__name__)
 
@@ -136,10 +136,7 @@ class Landmarker:
         self.paths = [None] * len(models) if paths is None else [Path(p) for p in paths]
         self.schema: KeypointSchema = schema or schema_from_dict(self.metas[0]["schema"])
         for meta, path in zip(self.metas, self.paths):
-            theirs = meta["schema"]
-            if theirs.get("names") != list(self.schema.names) or theirs.get("flip") != list(self.schema.flip_perm):
-                raise PipelineError(path, f"model is for schema '{theirs.get('name')}' ({len(theirs.get('names', []))} "
-                                          f"points), the others for '{self.schema.name}' ({self.schema.k} points)")
+            check_schema(meta["schema"], self.schema, path, "model", "the others for")
         self.geometries = [checkpoint_crop(meta, path) for meta, path in zip(self.metas, self.paths)]
         self.tta, self.jitter = tta, float(jitter)
         self.device = resolve_device(device) if isinstance(device, str) else device
@@ -147,10 +144,10 @@ class Landmarker:
         self.calibration = calibration
 
     @classmethod
-    def from_checkpoints(cls, paths: str | os.PathLike | Sequence[str | os.PathLike], backend: str | None = "torch",
-                         device: str | torch.device = "auto", tta: str = "flip", jitter: float = 0.0,
-                         calibration: np.ndarray | None = None, batch_size: int = 64, amp: str = "auto",
-                         detector: str = "auto", schema: KeypointSchema | None = None,
+    def from_checkpoints(cls, paths: str | os.PathLike | Sequence[str | os.PathLike], *,
+                         backend: str | None = "torch", device: str | torch.device = "auto", tta: str = "flip",
+                         jitter: float = 0.0, calibration: np.ndarray | None = None, batch_size: int = 64,
+                         amp: str = "auto", detector: str = "auto", schema: KeypointSchema | None = None,
                          threads: int | None = None) -> Landmarker:
         """Load checkpoints (.pt) or exported models (.onnx, always on onnxruntime); `paths`
         may be a glob pattern. backend: torch | onnx (None: by file suffix); threads: the
@@ -266,8 +263,8 @@ class Landmarker:
         all_boxes = [b for boxes in boxes_list for b in boxes]
 
         def crop(size: int, expand: float) -> tuple[np.ndarray, np.ndarray]:
-            a = np.stack([crop_transform(b, expand, size) for b in all_boxes])
-            return np.stack([crop_one(im, m, size) for im, m in zip(photo_of, a)]), a
+            faces, a = zip(*(crop_face(im, b, expand, size) for im, b in zip(photo_of, all_boxes)))
+            return np.stack(faces), np.stack(a)
 
         return np.split(self.predict_faces(crop), np.cumsum(counts)[:-1])
 

@@ -31,7 +31,7 @@ from typing import Any, Callable
 
 import numpy as np
 
-from pipeline.core.config import VideoParams
+from pipeline.core.params_schema import VideoParams
 from pipeline.detection.boxes import iou, overlap_of_smaller
 from pipeline.detection.matching import greedy_pairs, match
 from pipeline.formats.annotations import load_xml

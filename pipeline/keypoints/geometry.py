@@ -1,5 +1,5 @@
 """Crop geometry, the one implementation: face box -> square crop transform, the crop
-itself, and the maps between original, crop and network-input pixels.
+itself (`crop_face` does both), and the maps between original, crop and network-input pixels.
 
 Pixel centres sit at integer coordinates everywhere (docs/design.md, "Conventions").
 Transforms are (2, 3) affines crop pixel -> original pixel: orig = A @ [u, v, 1]."""
@@ -59,6 +59,14 @@ def crop_one(image: np.ndarray, a: np.ndarray, size: int) -> np.ndarray:
     return cv2.warpAffine(image, np.ascontiguousarray(a, dtype=np.float64), (size, size),
                           flags=cv2.INTER_LINEAR | cv2.WARP_INVERSE_MAP,
                           borderMode=cv2.BORDER_CONSTANT, borderValue=(0, 0, 0))
+
+
+def crop_face(image: np.ndarray, box: Sequence[float] | np.ndarray, expand: float,
+              side: int) -> tuple[np.ndarray, np.ndarray]:
+    """The square crop of one face as `pipeline crop` cuts it: (crop (side, side, C), its
+    (2, 3) crop -> original affine) for the box [left, top, w, h] scaled by `expand`."""
+    a = crop_transform(box, expand, side)
+    return crop_one(image, a, side), a
 
 
 MAX_BOX_SCALE = 3.0  # a face box may be at most this many times the image's larger side

@@ -3,13 +3,15 @@ a KeypointSchema; nothing else knows how many points a face has."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from pipeline.core.config import DataParams, params_source
+from pipeline.core.config import params_source
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import DataParams
 from pipeline.keypoints.flip import flip_coords
 
 
@@ -142,6 +144,18 @@ def get_schema(data_cfg: DataParams) -> KeypointSchema:
                                 "data.schema is 'custom' but data.custom_schema is empty")
         return custom_schema(data_cfg.custom_schema)
     raise PipelineError(params_source("data.schema"), f"data.schema: unknown schema '{name}' (ibug68, nose1, custom)")
+
+
+def check_schema(theirs: Any, schema: KeypointSchema, path: str | os.PathLike | None, what: str = "checkpoint",
+                 ours: str = "data uses") -> None:
+    """Refuse a model trained on other keypoints than `schema`'s (other names or another
+    flip): `theirs` is the schema it stores (`to_dict()`, in a checkpoint or an export).
+    One line naming `path`: "<what> is for schema 'X' (N points), <ours> 'Y' (K points)"."""
+    d = theirs if isinstance(theirs, dict) else {}
+    if d.get("names") != list(schema.names) or d.get("flip") != list(schema.flip_perm):
+        k = len(d["names"]) if isinstance(d.get("names"), list) else 0
+        raise PipelineError(path, f"{what} is for schema '{d.get('name')}' ({k} points), {ours} '{schema.name}' "
+                                  f"({schema.k} points)")
 
 
 def schema_from_dict(d: dict[str, Any]) -> KeypointSchema:

@@ -115,12 +115,3 @@ def window_counts(times: np.ndarray, half_s: float) -> np.ndarray:
     t = np.asarray(times, dtype=np.float64)
     reach = half_s + WINDOW_TOLERANCE_S
     return np.searchsorted(t, t + reach, side="right") - np.searchsorted(t, t - reach, side="left")
-
-
-def smooth_sequence(xs: np.ndarray, fps: float, min_cutoff: float, beta: float, d_cutoff: float,
-                    scales: np.ndarray | None = None) -> np.ndarray:
-    """One Euro over a whole sequence (T, ...) sampled at `fps` (scales: (T,) or None)."""
-    f = OneEuroFilter(min_cutoff, beta, d_cutoff)
-    xs = np.asarray(xs, dtype=np.float64)
-    return np.stack([f(x, i / fps, 1.0 if scales is None else float(scales[i])) for i, x in enumerate(xs)])
-

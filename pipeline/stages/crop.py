@@ -20,10 +20,11 @@ from pathlib import Path
 
 import click
 
-from pipeline.core.config import Config, config_options, params_source, result_params, write_resolved
+from pipeline.core.config import config_options, params_source, result_params, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.faults import kill_point
 from pipeline.core.io import check_output, check_replaceable, staging_dir
+from pipeline.core.params_schema import Config
 from pipeline.core.paths import CACHE_DIR, EXTRA_DIR
 from pipeline.formats.annotations import crop_faces, load_xml, safe_image_path
 from pipeline.formats.cache import (

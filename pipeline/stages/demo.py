@@ -7,7 +7,8 @@ from pathlib import Path
 
 import click
 
-from pipeline.core.config import Config, config_options, write_resolved
+from pipeline.core.config import config_options, write_resolved
+from pipeline.core.params_schema import Config
 from pipeline.core.paths import DEMO_DIR
 from pipeline.synth.layout import LAYOUTS, generate_demo
 

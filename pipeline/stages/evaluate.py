@@ -15,9 +15,10 @@ from typing import Any, Sequence
 import click
 import numpy as np
 
-from pipeline.core.config import Config, DataParams, config_options, flatten, write_resolved
+from pipeline.core.config import config_options, flatten, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, write_json, write_text
+from pipeline.core.params_schema import Config, DataParams
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, METRICS_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import dataset_root, face_count, read_array, split_schema
 from pipeline.formats.folds import read_folds

@@ -12,9 +12,10 @@ from pathlib import Path
 import click
 import numpy as np
 
-from pipeline.core.config import Config, config_options, params_source, write_resolved
+from pipeline.core.config import config_options, params_source, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
+from pipeline.core.params_schema import Config
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE
 from pipeline.formats.annotations import photo_group
 from pipeline.formats.cache import read_meta

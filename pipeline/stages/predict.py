@@ -11,15 +11,17 @@ from pathlib import Path
 import click
 import numpy as np
 
-from pipeline.core.config import Config, config_options, params_source, result_params, write_resolved
+from pipeline.core.config import config_options, params_source, result_params, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
+from pipeline.core.params_schema import Config
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, MODELS_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import check_same_run, load_cache
 from pipeline.formats.checkpoint import checkpoint_identity, load_checkpoint
 from pipeline.formats.folds import read_folds
 from pipeline.formats.predictions import write_oof_predictions, write_test_predictions
 from pipeline.inference.landmarker import Landmarker, check_tta
+from pipeline.inference.options import backend_option
 from pipeline.keypoints.calibrate import keypoint_bias, should_calibrate
 
 log = logging.getLogger(__name__)
@@ -47,8 +49,9 @@ def run_predict(cfg: Config, cache_dir: str, folds_path: str, models_dir: str, o
         raise PipelineError(models_dir, f"no fold checkpoints named {pcfg.checkpoint} found")
     folds = sorted(ckpts)
     # every checkpoint is loaded and checked before the first prediction
-    landmarker = Landmarker.from_checkpoints([ckpts[f] for f in folds], backend, pcfg.device, tta, jitter,
-                                             batch_size=pcfg.batch_size, amp=pcfg.amp, schema=test.schema)
+    landmarker = Landmarker.from_checkpoints([ckpts[f] for f in folds], backend=backend, device=pcfg.device, tta=tta,
+                                             jitter=jitter, batch_size=pcfg.batch_size, amp=pcfg.amp,
+                                             schema=test.schema)
     landmarker.check_crops(test.info["size"], test.info["expand"], test.path)
     K = train.schema.k
     oof = {"tta": np.full((len(train), K, 2), np.nan), "plain": np.full((len(train), K, 2), np.nan)}
@@ -94,8 +97,7 @@ def run_predict(cfg: Config, cache_dir: str, folds_path: str, models_dir: str, o
 @click.option("--folds", "folds_path", default=FOLDS_FILE, show_default=True)
 @click.option("--models", "models_dir", default=MODELS_DIR, show_default=True, help="folder of fold{K}/ checkpoints")
 @click.option("--out", "out_dir", default=PREDICTIONS_DIR, show_default=True)
-@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
-              help="onnx: onnxruntime on the CPU (each fold's <name>.onnx if exported from it, else exported in memory)")
+@backend_option("onnx: onnxruntime on the CPU (each fold's <name>.onnx if exported from it, else exported in memory)")
 @config_options
 def predict_cmd(cache, folds_path, models_dir, out_dir, backend, cfg):
     """Test predictions (fold ensemble, flip TTA) and out-of-fold predictions."""

@@ -18,9 +18,10 @@ from typing import Sequence
 import click
 import numpy as np
 
-from pipeline.core.config import Config, PredictParams, config_options, params_source
+from pipeline.core.config import config_options, params_source
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, input_file
+from pipeline.core.params_schema import Config, PredictParams
 from pipeline.core.paths import CACHE_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import face_count, split_schema
 from pipeline.formats.predictions import read_predictions
@@ -140,8 +141,9 @@ def run_submit_xml(cfg: Config, xml_path: str | os.PathLike, checkpoints: Sequen
     pcfg = cfg.predict
     check_tta(pcfg.tta, pcfg.tta_jitter, params_source("predict.tta_jitter", "predict.tta"), prefix="predict.")
     schema = get_schema(cfg.data)
-    landmarker = Landmarker.from_checkpoints(checkpoints, "torch", pcfg.device, pcfg.tta, pcfg.tta_jitter,
-                                             batch_size=pcfg.batch_size, amp=pcfg.amp, schema=schema)
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend="torch", device=pcfg.device, tta=pcfg.tta,
+                                             jitter=pcfg.tta_jitter, batch_size=pcfg.batch_size, amp=pcfg.amp,
+                                             schema=schema)
     landmarker.calibration = xml_calibration(calibration, pcfg, checkpoints, landmarker.metas, schema)
     coords = landmarker.predict_xml(xml_path, cfg.crop.n_jobs)
     return _write(coords, xml_path, out, None, schema.k)

@@ -18,10 +18,11 @@ from pathlib import Path
 import click
 import torch
 
-from pipeline.core.config import Config, config_options, write_resolved
+from pipeline.core.config import config_options, write_resolved
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, remove_stale_temps, write_json
+from pipeline.core.params_schema import Config
 from pipeline.core.paths import CACHE_DIR, EXTRA_DIR, FOLDS_FILE, MODELS_DIR
 from pipeline.formats.checkpoint import save_checkpoint
 from pipeline.training.distributed import init_distributed

@@ -40,9 +40,9 @@ import cv2
 import numpy as np
 from joblib import Parallel, delayed
 
-from pipeline.core.config import DEFAULTS
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import staging_dir
+from pipeline.core.params_schema import DEFAULTS
 from pipeline.formats.annotations import xml_text
 from pipeline.formats.submission import format_submission
 from pipeline.keypoints.flip import flip_coords

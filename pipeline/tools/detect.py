@@ -24,6 +24,7 @@ from pipeline.formats.annotations import read_image
 from pipeline.formats.images import write_png
 from pipeline.formats.photo_keypoints import photo_record, write_photo_json, write_photo_keypoints_csv
 from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.options import model_options
 from pipeline.keypoints.draw import draw_faces
 
 log = logging.getLogger(__name__)
@@ -71,8 +72,8 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
     if not paths:
         raise PipelineError(photos[0] if len(photos) == 1 else None, "no image files found")
     found = get_detector(detector)  # before the models load: a missing detector fails fast
-    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device_name), tta,
-                                             batch_size=batch_size, detector=found.name)
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend=backend, device=resolve_device(device_name),
+                                             tta=tta, batch_size=batch_size, detector=found.name)
     schema = landmarker.schema
     out = Path(out_dir)
     results, per_photo, stems, failed = [], [], set(), []
@@ -125,15 +126,11 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
 
 @click.command("predict-image")
 @click.argument("photos", nargs=-1, required=True)
-@click.option("--checkpoint", "checkpoints", multiple=True, required=True,
-              help="model checkpoint or exported .onnx (repeatable: predictions are averaged)")
+@model_options
 @click.option("--out-dir", default="out", show_default=True)
 @click.option("--tta", type=click.Choice(["flip", "none"]), default="flip", show_default=True)
 @click.option("--csv", "write_csv", is_flag=True, help="also write <out-dir>/keypoints.csv (one row per face)")
 @click.option("--max-faces", default=0, show_default=True, help="keep the largest N faces per photo (0: all)")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
-              help="onnx: onnxruntime on the CPU (a .onnx --checkpoint always runs there)")
 @click.option("--detector", type=click.Choice(["auto", "mtcnn", "dlib", "haar"]), default="auto", show_default=True,
               help="face detector (auto: the first installed of mtcnn, dlib, haar)")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1),

@@ -23,7 +23,7 @@ from pipeline.formats.checkpoint import checkpoint_crop, load_model
 from pipeline.formats.onnx_export import INPUT, export_meta, json_path, onnx_bytes
 from pipeline.inference.onnx_runtime import OnnxModel, onnx_available
 from pipeline.inference.tta import predict_crops
-from pipeline.keypoints.geometry import crop_one, crop_transform
+from pipeline.keypoints.geometry import crop_face
 from pipeline.keypoints.preprocess import faces_to_chw, normalize_batch, resize_batch
 from pipeline.synth.face import render_photo
 
@@ -75,7 +75,7 @@ def demo_crops(size: int, n: int = 8, seed: int = 0, expand: float = 1.25) -> np
         bgr = cv2.imdecode(np.frombuffer(r["files"][file], np.uint8), cv2.IMREAD_COLOR)
         assert bgr is not None  # bytes render_photo encoded
         image = cv2.cvtColor(bgr, cv2.COLOR_BGR2RGB)
-        crops.append(crop_one(image, crop_transform(box, expand, size), size))
+        crops.append(crop_face(image, box, expand, size)[0])
     return np.stack(crops)
 
 

@@ -51,11 +51,12 @@ import numpy as np
 import torch
 
 import pipeline
-from pipeline.core.config import Config, load_config
+from pipeline.core.config import load_config
 from pipeline.core.device import describe_device, resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.faults import KILL_AT_STEP
 from pipeline.core.io import write_json
+from pipeline.core.params_schema import Config
 from pipeline.formats.cache import load_cache
 from pipeline.formats.checkpoint import load_checkpoint
 from pipeline.inference.tta import predict_crops

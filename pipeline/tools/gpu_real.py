@@ -39,10 +39,11 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from pipeline.core.config import Config, load_config, with_overrides
+from pipeline.core.config import load_config, with_overrides
 from pipeline.core.device import describe_device, resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, write_json
+from pipeline.core.params_schema import Config
 from pipeline.formats.cache import load_cache
 from pipeline.formats.pack import PACK_MARKER, read_pack_info, unpack
 from pipeline.keypoints.metrics import mae, nme, region_nme

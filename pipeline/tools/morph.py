@@ -17,17 +17,19 @@ import click
 import cv2
 import numpy as np
 
-from pipeline.core.config import Config, config_options
+from pipeline.core.config import config_options
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
+from pipeline.core.params_schema import Config
 from pipeline.core.paths import CACHE_DIR
 from pipeline.formats.cache import dataset_root
 from pipeline.formats.images import write_gif
 from pipeline.formats.video import write_mp4
 from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.options import model_options
 from pipeline.inference.photos import PhotoReader, cache_face, face_in_photo, is_index, meta_box
-from pipeline.keypoints.geometry import crop_one, crop_transform, to_crop
+from pipeline.keypoints.geometry import crop_face, to_crop
 
 log = logging.getLogger(__name__)
 
@@ -135,8 +137,8 @@ def morph_face(source: str, landmarker: Landmarker, cfg: Config, cache_dir: str,
         image, box = face_in_photo(source)
         what = Path(source).name
     pts = landmarker.predict(image, box[None])[0]
-    a = crop_transform(box, expand, size)
-    return crop_one(image, a, size), to_crop(pts[None], a[None])[0], what
+    face, a = crop_face(image, box, expand, size)
+    return face, to_crop(pts[None], a[None])[0], what
 
 
 def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, size: int, expand: float,
@@ -147,7 +149,7 @@ def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, 
         raise PipelineError(None, f"--frames must be >= 2, got {n_frames}")
     if size < 16 or expand <= 0 or fps <= 0:
         raise PipelineError(None, "--size must be >= 16, --expand and --fps > 0")
-    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device), "flip")
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend=backend, device=resolve_device(device), tta="flip")
     fa, pa, wa = morph_face(a, landmarker, cfg, cache, split, size, expand, data_dir)
     fb, pb, wb = morph_face(b, landmarker, cfg, cache, split, size, expand, data_dir)
     frames = morph_frames(fa, fb, pa, pb, n_frames)
@@ -161,8 +163,7 @@ def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, 
 @click.command("morph")
 @click.argument("a")
 @click.argument("b")
-@click.option("--checkpoint", "checkpoints", multiple=True, required=True,
-              help="model checkpoint or exported .onnx (repeatable: keypoints are averaged)")
+@model_options
 @click.option("--out", default="morph.gif", show_default=True, help="animated GIF")
 @click.option("--frames", "n_frames", default=20, show_default=True, help="frames from A to B")
 @click.option("--fps", default=10.0, show_default=True)
@@ -172,9 +173,6 @@ def run_morph(a: str, b: str, checkpoints, out: str, n_frames: int, fps: float, 
 @click.option("--split", type=click.Choice(["test", "train"]), default="test", show_default=True)
 @click.option("--data-dir", default=None, help="dataset folder with the photos [default: params data.dir]")
 @click.option("--mp4", is_flag=True, help="also write the same frames as <out>.mp4 (cv2.VideoWriter, mp4v)")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True,
-              help="onnx: onnxruntime on the CPU (a .onnx --checkpoint always runs there)")
 @config_options
 def morph_cmd(a, b, checkpoints, out, n_frames, fps, size, expand, cache, split, data_dir, mp4, device, backend, cfg):
     """Morph face A into face B (photo paths or test-cache indices) as an animated GIF."""

@@ -14,9 +14,10 @@ from pathlib import Path
 
 import click
 
-from pipeline.core.config import Config, config_options
+from pipeline.core.config import config_options
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
+from pipeline.core.params_schema import Config
 from pipeline.formats.pack import DEFAULT_QUALITY, write_pack
 from pipeline.stages.crop import run_crop
 from pipeline.stages.folds import run_folds

@@ -26,8 +26,9 @@ from pathlib import Path
 import click
 from tqdm import tqdm
 
-from pipeline.core.config import Config, load_config, params_options
+from pipeline.core.config import load_config, params_options
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import Config
 from pipeline.core.paths import CACHE_DIR, EXTRA_DIR, FOLDS_FILE, MODELS_DIR
 
 log = logging.getLogger(__name__)

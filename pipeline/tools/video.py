@@ -21,17 +21,20 @@ import cv2
 import numpy as np
 from tqdm import tqdm
 
-from pipeline.core.config import Config, VideoParams, config_options
+from pipeline.core.config import config_options
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, write_csv
+from pipeline.core.params_schema import Config, VideoParams
 from pipeline.detection.detectors import get_detector
 from pipeline.formats.images import write_png
 from pipeline.formats.video import AtomicVideoWriter, open_video, timed_frames_of
 from pipeline.formats.video_csv import read_video_csv, write_video_csv
 from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.options import model_options
 from pipeline.inference.tracking import FaceTracker, box_constants
 from pipeline.keypoints.draw import contact_sheet, draw_faces, put_label
+from pipeline.keypoints.geometry import crop_face
 from pipeline.keypoints.smoothing import WINDOW_TOLERANCE_S, OneEuroFilter, local_poly_in_time, window_counts
 from pipeline.keypoints.temporal import (
     lag,
@@ -41,7 +44,6 @@ from pipeline.keypoints.temporal import (
     track_summary,
 )
 from pipeline.synth.moving_face import TEST_PHOTO, make_test_video
-from pipeline.tools.viz import face_tile
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +63,7 @@ def _face_tile(image: np.ndarray, box: np.ndarray | None, side: int = 144) -> np
     """A side x side tile: the square around the box (1.6x its longer side), else the frame."""
     if box is None:
         return cv2.resize(image, (side, side), interpolation=cv2.INTER_AREA)
-    return face_tile(image, box, side, expand=1.6)[0]
+    return crop_face(image, box, 1.6, side)[0]
 
 
 def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParams, *,
@@ -219,8 +221,8 @@ def run_predict_video(cfg: Config, src: str, checkpoints: Sequence[str], out: st
         if p is not None:
             check_output(p)
     get_detector(vcfg.detector)  # a missing detector fails before the models load
-    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device_name),
-                                             tta or cfg.predict.tta)
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend=backend, device=resolve_device(device_name),
+                                             tta=tta or cfg.predict.tta)
     keep = sorted({int(round(v)) for v in np.linspace(0, max(declared - 1, 0), strip_frames)}) if strip else []
     res = track_video(src_path, landmarker, vcfg, out_mp4=out_path, smooth=vcfg.smooth == "on", keep=keep)
     pts = res["smoothed"] if vcfg.smooth == "on" else res["raw"]
@@ -375,16 +377,13 @@ def measure_smoothing(landmarker: Landmarker, vcfg: VideoParams, workdir: str | 
 
 @click.command("predict-video")
 @click.argument("src", metavar="IN")
-@click.option("--checkpoint", "checkpoints", multiple=True, required=True,
-              help="model checkpoint or exported .onnx (repeatable: predictions are averaged)")
+@model_options
 @click.option("--out", default=None, help="annotated video (.mp4) [out/<IN stem>_keypoints.mp4]")
 @click.option("--csv", "csv_path", default=None, help="also write one row per frame and face to this CSV")
 @click.option("--smooth", type=click.Choice(["on", "off"]), default=None,
               help="smoothing over time (video.filter); off: raw predictions [params video.smooth]")
 @click.option("--tta", type=click.Choice(["flip", "none"]), default=None, help="[params predict.tta]")
 @click.option("--strip", default=None, help="also write a PNG of 4 frames (around the first face), raw above smoothed")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True)
 @config_options
 def predict_video_cmd(src, checkpoints, out, csv_path, smooth, tta, strip, device, backend, cfg):
     """Keypoints on every frame of a video: faces detected every video.detect_every frames
@@ -428,11 +427,8 @@ def stats_row(clip: str, st: dict) -> list:
 
 @click.command("video-stats")
 @click.argument("clips", nargs=-1, required=True)
-@click.option("--checkpoint", "checkpoints", multiple=True, required=True,
-              help="model checkpoint or exported .onnx (repeatable: predictions are averaged)")
+@model_options
 @click.option("--csv", "csv_path", default=None, help="also write the table (one row per clip) to this CSV")
-@click.option("--device", default="auto", show_default=True)
-@click.option("--backend", type=click.Choice(["torch", "onnx"]), default="torch", show_default=True)
 @config_options
 def video_stats_cmd(clips, checkpoints, csv_path, device, backend, cfg):
     """Footage without ground truth, measured: per clip, face tracks, id switches, frames with
@@ -444,7 +440,8 @@ def video_stats_cmd(clips, checkpoints, csv_path, device, backend, cfg):
     if csv_path:
         check_output(csv_path)
     get_detector(vcfg.detector)
-    landmarker = Landmarker.from_checkpoints(checkpoints, backend, resolve_device(device), cfg.predict.tta)
+    landmarker = Landmarker.from_checkpoints(checkpoints, backend=backend, device=resolve_device(device),
+                                             tta=cfg.predict.tta)
     table = [list(STATS_COLUMNS)]
     for c in clips:
         res = track_video(c, landmarker, vcfg, progress=False)

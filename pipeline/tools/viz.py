@@ -20,9 +20,10 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.core.config import Config, config_options
+from pipeline.core.config import config_options
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output
+from pipeline.core.params_schema import Config
 from pipeline.core.paths import CACHE_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import dataset_root, load_cache
 from pipeline.formats.checkpoint import checkpoint_crop, load_model
@@ -40,7 +41,7 @@ from pipeline.keypoints.draw import (
     point_colors,
     put_label,
 )
-from pipeline.keypoints.geometry import box_corners, crop_one, crop_transform, to_crop
+from pipeline.keypoints.geometry import box_corners, crop_face, to_crop
 from pipeline.keypoints.metrics import per_face_mae
 from pipeline.keypoints.preprocess import faces_to_chw, normalize_batch, resize_batch
 from pipeline.keypoints.schema import schema_from_dict
@@ -56,10 +57,7 @@ DEFAULT_HEATMAP_POINTS = (36, 45, 30, 48, 54)
 # drawing helpers
 
 
-def face_tile(image: np.ndarray, box: Sequence[float] | np.ndarray, size: int, expand: float = 1.35):
-    """A square `size` px view of the photo around the box: (tile RGB, (2, 3) tile->photo affine)."""
-    a = crop_transform(box, expand, size)
-    return crop_one(image, a, size), a
+TILE_EXPAND = 1.35  # a sheet's tile: the face box and some of its surroundings
 
 
 def to_tile(points: np.ndarray, a: np.ndarray) -> np.ndarray:
@@ -80,7 +78,7 @@ def predictions_sheet(cache, pred: np.ndarray, photos: PhotoReader, n: int, tile
     tiles = []
     for i in idx:
         row = cache.meta.iloc[i]
-        t, a = face_tile(photos(row.image), meta_box(row), tile)
+        t, a = crop_face(photos(row.image), meta_box(row), TILE_EXPAND, tile)
         draw_box(t, to_tile(box_corners(meta_box(row)), a))
         draw_points(t, to_tile(pred[i], a), colors, radius)
         put_label(t, f"{i}")
@@ -100,7 +98,7 @@ def worst_sheet(cache, pred: np.ndarray, photos: PhotoReader, n: int, tile: int)
     tiles = []
     for i in worst:
         row = cache.meta.iloc[i]
-        t, a = face_tile(photos(row.image), meta_box(row), tile)
+        t, a = crop_face(photos(row.image), meta_box(row), TILE_EXPAND, tile)
         truth, p = to_tile(cache.keypoints_orig[i], a), to_tile(pred[i], a)
         draw_lines(t, truth, p, (255, 255, 0))
         draw_points(t, truth, TRUTH_COLOR, radius)
@@ -187,7 +185,7 @@ def face_from_source(source: str, ckpt: dict, cache_dir: str, split: str = "test
         return np.array(cache.faces[i]), f"{split} face {i} ({cache.meta.iloc[i].face_id})"
     image, box = face_in_photo(source)
     size, expand = checkpoint_crop(ckpt)
-    return crop_one(image, crop_transform(box, expand, size), size), f"{Path(source).name}"
+    return crop_face(image, box, expand, size)[0], f"{Path(source).name}"
 
 
 def probability_maps(model, face: np.ndarray, in_chans: int, input_size: int):

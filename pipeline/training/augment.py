@@ -61,12 +61,9 @@ from typing import Sequence
 
 import numpy as np
 import torch
-from torchvision.transforms.v2 import InterpolationMode
-from torchvision.transforms.v2 import functional as F
 
-from pipeline.core.config import Config
+from pipeline.core.params_schema import Config
 from pipeline.keypoints.flip import flip_matrix
-from pipeline.keypoints.geometry import crop_to_input
 from pipeline.keypoints.schema import KeypointSchema
 from pipeline.training.affine import scale_matrix
 from pipeline.training.randaugment import KeypointRandAugment, apply_ops, as_points
@@ -172,22 +169,3 @@ def erase_rectangle(image: torch.Tensor, u: Sequence[float], p: float) -> torch.
     out = image.clone()
     out[:, top:top + eh, left:left + ew] = int(u[5] * 255.999)
     return out
-
-
-class EvalTransform:
-    """Deterministic cache -> input resize (torchvision antialiased bilinear on uint8, the
-    filter of `preprocess.resize_batch`), keypoints by `crop_to_input`; `input_to_crop` maps
-    predictions back."""
-
-    def __init__(self, schema: KeypointSchema, cache_size: int, input_size: int):
-        self.schema, self.cache_size, self.input_size = schema, int(cache_size), int(input_size)
-
-    def __call__(self, image: torch.Tensor, keypoints, generator: torch.Generator | None = None):
-        if tuple(image.shape[-2:]) != (self.cache_size, self.cache_size):
-            raise ValueError(f"expected a {self.cache_size}x{self.cache_size} image, got {tuple(image.shape)}")
-        kp = as_points(keypoints)
-        if self.cache_size != self.input_size:
-            image = F.resize_image(image, [self.input_size, self.input_size],
-                                   interpolation=InterpolationMode.BILINEAR, antialias=True)
-            kp = crop_to_input(kp, self.cache_size, self.input_size)
-        return image.contiguous(), kp

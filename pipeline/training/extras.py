@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from pipeline.core.config import Config
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import Config
 from pipeline.core.paths import EXTRA_DIR
 from pipeline.formats.cache import CACHE_MARKER, Cache, extra_crop_params, load_cache, read_info, read_photos
 

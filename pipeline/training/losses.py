@@ -10,8 +10,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from pipeline.core.config import TrainParams
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import TrainParams
 
 LOSS_KINDS = ("l1", "l2", "mse", "euclidean", "wing")
 WING_WIDTH, WING_CURVATURE = 10.0, 2.0  # the Wing paper's, in pixels (train.wing_width / wing_curvature)

@@ -7,8 +7,9 @@ import math
 
 import torch
 
-from pipeline.core.config import TrainParams, params_source
+from pipeline.core.config import params_source
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import TrainParams
 
 
 def get_lr(step: int, total_steps: int, warmup_steps: int, peak_lr: float) -> float:

@@ -154,19 +154,6 @@ def photometric(image: torch.Tensor, op: str, value: float, fast: bool = True) -
     return F.equalize_image(image)
 
 
-def apply_op(image: torch.Tensor, keypoints, op: str, value: float, fill: float = 0.0, fast: bool = True):
-    """One RandAugment op with signed magnitude `value` on (uint8 (C, H, W), (K, 2)):
-    geometric ops warp the image and move the keypoints, the others leave them alone."""
-    kp = as_points(keypoints)
-    h, w = image.shape[-2:]
-    m = op_matrix(op, value, h, w)
-    if m is None:
-        return photometric(image, op, value, fast), kp
-    if h != w:
-        raise ValueError("augment works on square images")
-    return warp(image, m, w, fill), transform_points(kp, m)
-
-
 class KeypointRandAugment:
     """torchvision's RandAugment(num_ops, magnitude, num_magnitude_bins=31) for an image
     plus keypoints: `num_ops` ops drawn uniformly (with replacement) from RANDAUG_OPS, each

@@ -14,11 +14,12 @@ from typing import Any
 import numpy as np
 import torch
 
-from pipeline.core.config import DEFAULTS, Config, TrainParams, params_source, result_params
+from pipeline.core.config import params_source, result_params
 from pipeline.core.device import amp_dtype, resolve_device, use_channels_last, use_compile, use_sync_bn
 from pipeline.core.digest import file_sha256, folder_sha256, source_sha256
 from pipeline.core.errors import PipelineError
 from pipeline.core.heap import keep_freed_memory, use_keep_freed_memory
+from pipeline.core.params_schema import DEFAULTS, Config, TrainParams
 from pipeline.core.paths import EXTRA_DIR
 from pipeline.formats.cache import load_cache, read_info
 from pipeline.formats.checkpoint import crop_stamp, load_checkpoint

@@ -3,10 +3,11 @@ import pydantic
 import pytest
 import yaml
 
-from pipeline.core.config import DEFAULTS, SECTIONS, load_config, parse_override, section_fields, write_resolved
+from pipeline.core.config import load_config, parse_override, write_resolved
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import DEFAULTS, SECTIONS, section_fields
 
-from conftest import REPO
+from helpers import REPO, speed_only_keys
 
 
 def test_params_yaml_matches_defaults_except_data_dir():
@@ -55,8 +56,6 @@ def test_params_doc_is_current():
 
 
 def test_every_field_has_a_doc_and_speed_only_is_crop_n_jobs():
-    from pipeline.core.config import speed_only_keys
-
     for s in SECTIONS:
         for name, field in section_fields(s).items():
             assert field.description, f"{s}.{name}"
@@ -248,7 +247,7 @@ def test_late_param_errors_name_the_set_or_the_file_read(tmp_path):
 def test_every_auto_on_off_param_is_a_switch():
     """Every field defaulting to auto/on/off accepts YAML's booleans as on/off; a string
     field with other choices does not."""
-    from pipeline.core.config import is_switch
+    from pipeline.core.params_schema import is_switch
 
     switches = [f"{s}.{k}" for s in SECTIONS for k, f in section_fields(s).items() if is_switch(f)]
     assert {"train.amp", "train.channels_last", "predict.calibrate", "video.smooth"} <= set(switches)

@@ -5,7 +5,7 @@ import shutil
 
 import pytest
 
-from conftest import REPO
+from helpers import REPO
 
 
 @pytest.fixture

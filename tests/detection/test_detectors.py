@@ -14,7 +14,7 @@ from pipeline.core.errors import PipelineError
 from pipeline.detection.boxes import to_box
 from pipeline.keypoints.schema import IBUG68
 
-from conftest import Fixed
+from helpers import Fixed
 
 
 def test_auto_takes_the_first_installed(monkeypatch):

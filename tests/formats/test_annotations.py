@@ -12,7 +12,7 @@ import pytest
 
 from pipeline.cli import main
 from pipeline.core.errors import PipelineError
-from pipeline.formats.annotations import load_pts_dir, load_xml, photo_group, read_image, xml_comment, xml_text
+from pipeline.formats.annotations import load_xml, photo_group, read_image, xml_comment, xml_text
 from pipeline.keypoints.schema import IBUG68, NOSE1
 
 TRAIN = "labels_ibug_300W_train.xml"
@@ -102,31 +102,6 @@ def test_quirks_load(make_dataset, face_points):
     np.testing.assert_array_equal(a[1:, 1:], rgb[1:, 1:])
     np.testing.assert_array_equal(read_image(root / "q/deep.png"), rgb)
     assert read_image(root / "q/exif.jpg").shape == (120, 200, 3)  # stored pixels, not rotated
-
-
-def test_pts_folder(tmp_path, face_points):
-    folder = tmp_path / "pts"
-    (folder / "sub").mkdir(parents=True)
-    body = "\n".join(f"{x:.3f} {y:.3f}" for x, y in face_points)
-    (folder / "a.pts").write_text(f"version: 1\nn_points:  68\n{{\n{body}\n}}\n")
-    (folder / "sub" / "b_1.pts").write_text(body + "\n")
-    cv2.imwrite(str(folder / "a.jpg"), _photo())
-    cv2.imwrite(str(folder / "sub" / "b_1.png"), _photo())
-    faces = load_pts_dir(folder, IBUG68)
-    assert [f.face_id for f in faces] == ["a", "sub/b_1"]
-    assert [f.image for f in faces] == ["a.jpg", "sub/b_1.png"] and faces[1].group == "sub/b"
-    for f in faces:
-        np.testing.assert_allclose(f.keypoints, face_points, atol=1e-3)
-        x0, y0 = face_points.min(0)
-        np.testing.assert_allclose(f.box[:2], (x0, y0), atol=1e-3)
-    assert load_pts_dir(folder, NOSE1)[0].keypoints.shape == (1, 2)
-    (folder / "c.pts").write_text(f"version: 1\nn_points: 68\n{{\n{body}\n}}\n")
-    with pytest.raises(PipelineError, match="c.pts"):
-        load_pts_dir(folder, IBUG68)  # no image beside it
-    (folder / "c.pts").write_text("version: 1\nn_points: 68\n{\n1 2\n}\n")
-    cv2.imwrite(str(folder / "c.jpg"), _photo())
-    with pytest.raises(PipelineError, match=r"c\.pts.*n_points says 68 but 1"):
-        load_pts_dir(folder, IBUG68)
 
 
 # ---------------------------------------------------------------- bad input

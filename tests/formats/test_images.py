@@ -1,45 +1,44 @@
-"""The GIF encoder, checked with an independent decoder (tests/conftest.py)."""
+"""The GIF writer: frames, delays and loop read back with Pillow, and with FFmpeg
+(cv2.VideoCapture) where OpenCV has it."""
 
 
 import cv2
 import numpy as np
 import pytest
 
-from pipeline.formats.images import CUBE_PALETTE, encode_gif, lzw_encode, quantize_cube
+from pipeline.formats.images import encode_gif, write_gif
 
-from conftest import lzw_decode, parse_gif
+from helpers import read_gif
 
-
-def test_lzw_hand_made_bytes():
-    # [0, 0, 0, 0] -> clear 256, 0, 258 ('00'), 0, end 257, all 9 bits, LSB first
-    assert lzw_encode(bytes(4)) == b"\x00\x01\x08\x04\x10\x10"
-
-
-@pytest.mark.parametrize("alphabet", [1, 3, 256])
-def test_lzw_round_trip_through_table_resets(alphabet):
-    rng = np.random.default_rng(alphabet)
-    for n in [0, 1, 2, 255, 256, 257, 511, 5000, 40000]:
-        data = rng.integers(0, alphabet, n, dtype=np.uint8).tobytes()
-        assert lzw_decode(lzw_encode(data), 8) == data, n
-    # code widths at the end of the stream: runs of zeros whose last code fills 9 bits
-    for n in (32639, 32640, 32641):
-        assert lzw_decode(lzw_encode(bytes(n)), 8) == bytes(n)
+# colours a palette of a frame's own keeps exactly
+IMG = np.array([[[255, 0, 0], [0, 255, 0], [0, 0, 255]],
+                [[255, 255, 255], [0, 0, 0], [51, 102, 153]]], dtype=np.uint8)
 
 
-def test_gif_round_trips_a_tiny_known_image(tmp_path):
-    # colours on the 6x6x6 cube survive quantisation (and its dithering) exactly
-    img = np.array([[[255, 0, 0], [0, 255, 0], [0, 0, 255]],
-                    [[255, 255, 255], [0, 0, 0], [51, 102, 153]]], dtype=np.uint8)
-    data = encode_gif([img, img[::-1].copy()], delay_cs=7, loop=0)
-    w, h, pal, loop, frames = parse_gif(data)
-    assert (w, h, loop, len(frames)) == (3, 2, 0, 2)
-    assert np.array_equal(pal, CUBE_PALETTE)
-    assert frames[0][0] == 7
-    assert np.array_equal(pal[frames[0][1]], img) and np.array_equal(pal[frames[1][1]], img[::-1])
-    assert np.array_equal(frames[0][1], quantize_cube(img))
-    # and FFmpeg (through cv2.VideoCapture) reads the same pixels, where it is built in
-    p = tmp_path / "t.gif"
-    p.write_bytes(encode_gif([np.repeat(np.repeat(img, 8, 0), 8, 1)] * 3))
+def test_gif_round_trips_a_tiny_known_image():
+    frames = [IMG, IMG[::-1].copy(), IMG[:, ::-1].copy()]
+    w, h, loop, got = read_gif(encode_gif(frames, delay_cs=7, loop=0))
+    assert (w, h, loop, len(got)) == (3, 2, 0, 3)
+    assert all(delay == 7 for delay, _ in got)
+    for (_, rgb), want in zip(got, frames):
+        np.testing.assert_array_equal(rgb, want)
+
+
+def test_gif_of_a_photo_keeps_its_colours_and_refuses_odd_frames():
+    rng = np.random.default_rng(0)
+    photo = cv2.GaussianBlur(rng.integers(0, 256, (48, 64, 3), dtype=np.uint8), (0, 0), 3)
+    _, _, _, got = read_gif(encode_gif([photo, 255 - photo], delay_cs=5))
+    assert len(got) == 2 and np.abs(got[0][1].astype(int) - photo).mean() < 4  # within a few levels
+    with pytest.raises(ValueError, match="no frames"):
+        encode_gif([])
+    with pytest.raises(ValueError, match="expected"):
+        encode_gif([photo, photo[:10]])
+
+
+def test_ffmpeg_reads_the_same_pixels(tmp_path):
+    frames = [np.repeat(np.repeat(f, 8, 0), 8, 1) for f in (IMG, IMG[::-1].copy(), IMG[:, ::-1].copy())]
+    p = write_gif(tmp_path / "t.gif", frames)
+    assert p.read_bytes().startswith(b"GIF89a") and not list(tmp_path.glob("*.tmp"))
     cap = cv2.VideoCapture(str(p))
     if not cap.isOpened():
         pytest.skip("cv2.VideoCapture cannot read GIF here (no FFmpeg)")
@@ -50,10 +49,4 @@ def test_gif_round_trips_a_tiny_known_image(tmp_path):
             break
         got.append(f)
     assert len(got) == 3
-    assert np.array_equal(got[0][::8, ::8, ::-1], img)
-
-
-def test_quantize_dither_keeps_the_mean():
-    flat = np.full((64, 64, 3), 100, np.uint8)
-    q = CUBE_PALETTE[quantize_cube(flat)].astype(float)
-    assert abs(q.mean() - 100) < 2 and len(np.unique(q[..., 0])) == 2
+    np.testing.assert_array_equal(got[0][::8, ::8, ::-1], IMG)

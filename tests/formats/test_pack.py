@@ -15,7 +15,7 @@ from pipeline.formats.cache import load_cache
 from pipeline.formats.folds import read_folds
 from pipeline.formats.pack import OFFSETS, PACK_MARKER, unpack, write_pack
 
-from conftest import run_cli
+from helpers import run_cli
 
 
 def _files(split):

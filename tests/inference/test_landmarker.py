@@ -1,6 +1,7 @@
 """Landmarker: the one predictor (crops per checkpoint geometry, TTA, the fold ensemble, OOF
 calibration, detection), and the README's Python API example run as a user would."""
 
+import inspect
 import os
 import re
 import shutil
@@ -18,7 +19,7 @@ from pipeline.inference.tta import predict_original
 from pipeline.keypoints.geometry import crop_one, crop_transform
 from pipeline.keypoints.schema import IBUG68
 
-from conftest import REPO, Fixed
+from helpers import REPO, Fixed
 
 
 def _meta(size, expand, origin=0.0):
@@ -77,6 +78,16 @@ def test_models_of_other_schemas_and_tta_none_with_jitter_are_refused():
     other = {**_meta(32, 1.25), "schema": {"name": "custom", "names": ["a"], "flip": [0], "eyes": None}}
     with pytest.raises(PipelineError, match="model is for schema 'custom'"):
         Landmarker([(Fixed(COORDS[0]), _meta(32, 1.25)), (Fixed(COORDS[1]), other)])
+
+
+def test_from_checkpoints_takes_its_options_by_name_only():
+    """from_checkpoints(paths, *, ...): a positional option (the old `backend, device, tta`
+    order) is a TypeError, not a silently misplaced setting."""
+    params = list(inspect.signature(Landmarker.from_checkpoints).parameters.values())
+    assert params[0].name == "paths" and params[0].kind is inspect.Parameter.POSITIONAL_OR_KEYWORD
+    assert {p.kind for p in params[1:]} == {inspect.Parameter.KEYWORD_ONLY}
+    with pytest.raises(TypeError):
+        Landmarker.from_checkpoints(["a.pt"], "torch")
 
 
 def _readme_example() -> str:

@@ -48,8 +48,8 @@ def test_nme_leaves_out_faces_without_an_eye_distance_and_refuses_when_none_has_
 
 
 def test_a_schema_whose_eyes_are_one_point_is_a_param_error():
-    from pipeline.core.config import DataParams
     from pipeline.core.errors import PipelineError
+    from pipeline.core.params_schema import DataParams
     from pipeline.keypoints.schema import get_schema
 
     with pytest.raises(PipelineError) as e:
@@ -67,7 +67,7 @@ def test_score_and_validation_with_coinciding_eyes_are_one_line_errors(tmp_path,
     from pipeline.formats.submission import write_submission
     from pipeline.training.loop import evaluate
 
-    from conftest import run_cli
+    from helpers import run_cli
 
     truth = np.random.default_rng(0).uniform(0, 100, (3, 68, 2))
     truth[:, 45] = truth[:, 36]

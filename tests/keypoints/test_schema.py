@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from pipeline.core.config import DataParams
 from pipeline.core.errors import PipelineError
-from pipeline.keypoints.schema import IBUG68, NOSE1, KeypointSchema, get_schema, schema_from_dict
+from pipeline.core.params_schema import DataParams
+from pipeline.keypoints.schema import IBUG68, NOSE1, KeypointSchema, check_schema, get_schema, schema_from_dict
 
 # (image-left, image-right) twins of a frontal face
 PAIRS = [(36, 45), (39, 42), (0, 16), (3, 13), (17, 26), (21, 22), (31, 35), (48, 54), (60, 64)]
@@ -100,3 +100,19 @@ def test_regions_merge_left_and_right_groups():
     assert sorted(i for idx in regions.values() for i in idx) == list(range(68))
     assert regions["eyes"] == tuple(range(36, 48)) and regions["brows"] == tuple(range(17, 27))
     assert NOSE1.regions() == {"nose": (0,)}
+
+
+def test_check_schema_refuses_other_points_or_another_flip():
+    """The one check that a stored model schema (checkpoint, export, Landmarker) is the
+    data's: the same names and flip pass, anything else is one line naming the file."""
+    check_schema(IBUG68.to_dict(), IBUG68, "a.pt")
+    check_schema(schema_from_dict(IBUG68.to_dict()).to_dict(), IBUG68, "a.pt")
+    with pytest.raises(PipelineError, match=r"a\.pt: checkpoint is for schema 'nose1' \(1 points\), data uses "
+                                            r"'ibug68' \(68 points\)"):
+        check_schema(NOSE1.to_dict(), IBUG68, "a.pt")
+    unflipped = {**IBUG68.to_dict(), "flip": list(range(68))}
+    with pytest.raises(PipelineError, match=r"m\.onnx: exported model is for schema 'ibug68' \(68 points\), the "
+                                            r"others for 'ibug68'"):
+        check_schema(unflipped, IBUG68, "m.onnx", "exported model", "the others for")
+    with pytest.raises(PipelineError, match=r"is for schema 'None' \(0 points\)"):
+        check_schema("ibug68", IBUG68, "a.pt")

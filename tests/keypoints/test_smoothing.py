@@ -9,13 +9,20 @@ from pipeline.keypoints.smoothing import (
     OneEuroFilter,
     local_poly_at,
     local_poly_weights,
-    smooth_sequence,
     smoothing_factor,
 )
 
 needs_haar = pytest.mark.skipif(not cascade_available(), reason="this OpenCV has no Haar cascade (OpenCV 5)")
 C = {"w_scale": 1.0, "h_scale": 1.12, "dx": 0.0, "dy": -0.06}
 HAAR = ["--set", "video.detector=haar"]  # the test video's face was chosen for it; the others are optional
+
+
+def smooth_sequence(xs: np.ndarray, fps: float, min_cutoff: float, beta: float, d_cutoff: float,
+                    scales: np.ndarray | None = None) -> np.ndarray:
+    """One Euro over a whole sequence (T, ...) sampled at `fps` (scales: (T,) or None)."""
+    f = OneEuroFilter(min_cutoff, beta, d_cutoff)
+    xs = np.asarray(xs, dtype=np.float64)
+    return np.stack([f(x, i / fps, 1.0 if scales is None else float(scales[i])) for i, x in enumerate(xs)])
 
 
 def test_one_euro_keeps_a_constant_signal_exactly():

@@ -492,7 +492,7 @@ def test_every_preset_has_its_options_typed_in_the_config():
     with the constructor's types."""
     import inspect
 
-    from pipeline.core.config import MODEL_OPTIONS
+    from pipeline.core.params_schema import MODEL_OPTIONS
     from pipeline.models.registry import _FIXED
 
     kinds = {"str": "string", "int": "int", "float": "number", "bool": "bool", "Sequence[int]": "ints",

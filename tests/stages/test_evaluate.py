@@ -5,7 +5,7 @@ import pytest
 
 from pipeline.formats.submission import write_submission
 
-from conftest import run_cli
+from helpers import run_cli
 
 
 def write_csv(path, values, header="Id,Predicted"):

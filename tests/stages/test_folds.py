@@ -81,7 +81,7 @@ def test_real_layout_folds_keep_photos_and_mirrors_together(tmp_path):
     import json
     import re
 
-    from pipeline.core.config import DEFAULTS
+    from pipeline.core.params_schema import DEFAULTS
     from pipeline.formats.annotations import load_xml
     from pipeline.keypoints.schema import IBUG68
     from pipeline.stages.folds import group_faces

@@ -17,7 +17,7 @@ from pipeline.inference.tta import predict_crops
 from pipeline.keypoints.schema import IBUG68
 from pipeline.stages.train import fit
 
-from conftest import Fixed, run_cli
+from helpers import Fixed, run_cli
 
 TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=1", "folds.k=2",
         "folds.train=[0,1]", "train.randaug_n=1"]

@@ -23,7 +23,7 @@ from pipeline.tools.blend import (
     simplex_lstsq,
 )
 
-from conftest import REPO, git_dvc_project, run_cli
+from helpers import REPO, git_dvc_project, run_cli
 
 
 def _grid(m, steps):

@@ -9,7 +9,7 @@ import pytest
 from pipeline.detection.boxes import iou
 from pipeline.detection.haar import cascade_available
 
-from conftest import check_picture, run
+from helpers import check_picture, run
 
 needs_haar = pytest.mark.skipif(not cascade_available(), reason="this OpenCV has no Haar cascade (OpenCV 5)")
 

@@ -16,7 +16,7 @@ from pipeline.inference.tta import predict_crops
 from pipeline.keypoints.schema import IBUG68
 from pipeline.stages.train import fit
 
-from conftest import run
+from helpers import run
 
 ort = pytest.importorskip("onnxruntime", reason="onnx backend tests need onnxruntime (pip install '.[onnx]')")
 

@@ -17,7 +17,7 @@ import pipeline.tools.gpu_real as gr
 from pipeline.formats.folds import read_folds
 from pipeline.formats.pack import write_pack
 
-from conftest import REPO
+from helpers import REPO
 
 RECIPE = str(REPO / "recipes" / "gpu.yaml")
 

@@ -4,7 +4,7 @@ import json
 
 from pipeline.tools.leaderboard import experiment_table, format_table, parse_dvc_exp_show, read_history
 
-from conftest import run_cli
+from helpers import run_cli
 
 DVC_SHOW = [
     {"rev": "workspace", "name": None, "error": None, "experiments": None,

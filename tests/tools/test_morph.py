@@ -1,12 +1,14 @@
-"""Face morphing: frames between two faces, written as a GIF."""
+"""Face morphing: frames between two faces, written as a GIF; the model options it shares
+with the other commands that predict."""
 
 
 import cv2
 import numpy as np
+import pytest
 
 from pipeline.tools.morph import morph_frames
 
-from conftest import parse_gif, run
+from helpers import read_gif, run
 
 
 def test_morph_frames_start_at_a_and_end_at_b():
@@ -26,13 +28,11 @@ def test_morph_gif_has_the_requested_frames(viz_ws, tmp_path):
     p = tmp_path / "m.gif"
     assert run(["morph", "0", "1", "--checkpoint", viz_ws["ckpt"], "--cache", viz_ws["cache"], "--data-dir",
                 viz_ws["data"], "--frames", 5, "--size", 40, "--fps", 20, "--out", p, "--mp4"]) == 0
-    data = p.read_bytes()
-    assert data.startswith(b"GIF89a")
-    w, h, pal, loop, frames = parse_gif(data)
+    w, h, loop, frames = read_gif(p.read_bytes())
     assert (w, h, loop, len(frames)) == (40, 40, 0, 5)
     assert all(d == 5 for d, _ in frames)
-    first, last = pal[frames[0][1]], pal[frames[-1][1]]
-    assert first.std() > 8 and len(np.unique(frames[0][1])) > 10
+    first, last = frames[0][1], frames[-1][1]
+    assert first.std() > 8 and len(np.unique(first.reshape(-1, 3), axis=0)) > 10
     assert not np.array_equal(first, last)
     cap = cv2.VideoCapture(str(p.with_suffix(".mp4")))
     if cap.isOpened():
@@ -46,3 +46,22 @@ def test_morph_rejects_too_few_frames(viz_ws, tmp_path, capsys):
     assert run(["morph", "0", "1", "--checkpoint", viz_ws["ckpt"], "--cache", viz_ws["cache"], "--frames", 1,
                 "--out", tmp_path / "m.gif"]) == 2
     assert "--frames" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["predict-image", "predict-video", "video-stats", "morph", "predict", "bench"])
+def test_commands_that_predict_share_the_model_options(command):
+    """One wording of --checkpoint / --device / --backend (pipeline/inference/options.py):
+    the same names, defaults and choices on every command that predicts with models."""
+    import importlib
+
+    from pipeline.cli import COMMANDS
+
+    module, attr = COMMANDS[command].split(":")
+    params = {p.name: p for p in getattr(importlib.import_module(module), attr).params}
+    if command not in ("predict", "bench"):
+        assert params["checkpoints"].opts == ["--checkpoint"]
+        assert params["checkpoints"].multiple and params["checkpoints"].required
+    if command != "predict":
+        assert params["device"].opts == ["--device"] and params["device"].default == "auto"
+    if command != "bench":
+        assert list(params["backend"].type.choices) == ["torch", "onnx"] and params["backend"].default == "torch"

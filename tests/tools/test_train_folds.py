@@ -10,7 +10,7 @@ from pipeline.formats.checkpoint import load_checkpoint
 from pipeline.stages.train import fit
 from pipeline.tools.train_folds import FoldJob, pending_folds, plan_waves
 
-from conftest import run_cli
+from helpers import run_cli
 
 TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=2", "train.warmup_epochs=1",
         "folds.k=2", "folds.train=[0,1]", "train.randaug_n=0", "train.device=cpu"]

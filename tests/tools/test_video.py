@@ -20,7 +20,7 @@ from pipeline.synth.face import TEMPLATE
 from pipeline.synth.moving_face import make_test_video, source_face
 from pipeline.tools.video import _as_pred, clip_stats, score_video, track_video
 
-from conftest import run, run_cli
+from helpers import run, run_cli
 
 needs_haar = pytest.mark.skipif(not cascade_available(), reason="this OpenCV has no Haar cascade (OpenCV 5)")
 C = {"w_scale": 1.0, "h_scale": 1.12, "dx": 0.0, "dy": -0.06}

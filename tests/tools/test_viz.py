@@ -7,7 +7,7 @@ from pipeline.keypoints.draw import GAP, HEADER_H, sheet_size
 from pipeline.keypoints.metrics import per_face_mae
 from pipeline.tools.viz import filter_grid
 
-from conftest import check_picture, run
+from helpers import check_picture, run
 
 # ------------------------------------------------------------------------------ show
 

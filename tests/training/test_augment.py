@@ -17,15 +17,17 @@ from torchvision.transforms.v2 import InterpolationMode
 from torchvision.transforms.v2 import functional as TF
 
 from pipeline.keypoints.geometry import crop_to_input, input_to_crop
+from pipeline.keypoints.preprocess import resize_batch
 from pipeline.keypoints.schema import IBUG68, KeypointSchema
 from pipeline.training.affine import op_matrix, resize_matrix, scale_matrix
-from pipeline.training.augment import EvalTransform, TrainAugment
+from pipeline.training.augment import TrainAugment
 from pipeline.training.randaugment import (
     GEOMETRIC_OPS,
     PHOTOMETRIC_OPS,
     RANDAUG_OPS,
     KeypointRandAugment,
-    apply_op,
+    apply_ops,
+    as_points,
     photometric,
     randaug_magnitudes,
 )
@@ -96,6 +98,12 @@ def check_dots(image: torch.Tensor, kp: torch.Tensor, tol: float = 1.5, centroid
     return checked
 
 
+def apply_op(image: torch.Tensor, keypoints, op: str, value: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """One RandAugment op with signed magnitude `value` on a square (image, keypoints),
+    through the augmentation's own path (`apply_ops`, no scale or flip)."""
+    return apply_ops(image, as_points(keypoints), np.eye(3), image.shape[-1], [(op, value)], 0.0, None, True)
+
+
 def random_op_value(op: str, g: torch.Generator, size: int = 96) -> float:
     """A signed magnitude of `op` from torchvision's table at a random bin."""
     m = int(torch.randint(31, (), generator=g))
@@ -129,20 +137,19 @@ def test_crop_input_roundtrip_numpy_and_torch():
     assert crop_to_input(np.array([[3, 4]]), 96, 96).dtype == np.float64  # ints promoted
 
 
-def test_eval_transform_resizes_and_roundtrips():
+def test_the_input_resize_moves_pixels_as_crop_to_input_moves_points():
+    """Prediction's cache -> input resize (`preprocess.resize_batch`: predict, validation,
+    export) puts each dot where `crop_to_input` puts its point; `input_to_crop` maps it back."""
     for cache, inp in [(128, 96), (64, 96), (96, 96)]:
         pts = GRID * cache / 96
         img = dots(pts, cache, sigma=1.2 * cache / 96)
-        ev = EvalTransform(SCHEMA, cache, inp)
-        out, kp = ev(img, torch.from_numpy(pts.astype(np.float32)))
-        assert out.dtype == torch.uint8 and out.shape == (3, inp, inp) and kp.dtype == torch.float32
+        out = resize_batch(img[None].float(), inp)[0]
+        kp = crop_to_input(torch.from_numpy(pts.astype(np.float32)), cache, inp)
+        assert out.shape == (3, inp, inp) and kp.dtype == torch.float32
         check_dots(out, kp, centroid_tol=0.1, min_checked=9)
         np.testing.assert_allclose(input_to_crop(kp.numpy().astype(np.float64), cache, inp), pts, atol=1e-4)
         if cache == inp:
-            assert torch.equal(out, img)
-    # the test set has no keypoints
-    out, kp = EvalTransform(SCHEMA, 128, 96)(dots(GRID, 128), torch.zeros(0, 2))
-    assert out.shape == (3, 96, 96) and kp.shape == (0, 2)
+            assert torch.equal(out, img.float())
 
 
 # --------------------------------------------------------------------- geometric ops, one at a time
@@ -419,7 +426,8 @@ def test_zero_ops_and_validation():
 
 
 def test_from_config_uses_train_section():
-    from pipeline.core.config import DEFAULTS, load_config
+    from pipeline.core.config import load_config
+    from pipeline.core.params_schema import DEFAULTS
     cfg = load_config(None, ["model.input_size=64", "train.randaug_n=1", "train.flip=0.0"])
     aug = TrainAugment.from_config(IBUG68, 96, cfg)
     assert aug.input_size == 64 and aug.randaug.num_ops == 1 and aug.flip_p == 0.0

@@ -14,7 +14,7 @@ import pytest
 
 from pipeline.formats.checkpoint import load_checkpoint
 
-from conftest import REPO
+from helpers import REPO
 
 TORCHRUN = Path(sys.executable).with_name("torchrun")
 SETS = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=2", "folds.k=2",

@@ -148,7 +148,7 @@ def test_wing_shape_is_in_input_pixels_at_any_coordinate_scale():
 
 
 def test_wing_params_reach_the_training_loss():
-    from pipeline.core.config import TrainParams
+    from pipeline.core.params_schema import TrainParams
     from pipeline.training.losses import loss_from_params
     tcfg = TrainParams(loss="wing", wing_width=4.0, wing_curvature=0.5)
     loss_fn = loss_from_params(tcfg, 64, None)

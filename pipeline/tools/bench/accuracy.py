@@ -12,7 +12,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.core.config import Config
+from pipeline.core.params_schema import Config
 from pipeline.detection.detectors import dlib_rect
 from pipeline.formats.annotations import crop_faces, load_xml, read_image, safe_image_path, xml_comment
 from pipeline.formats.submission import read_solution
@@ -61,8 +61,8 @@ def bench_accuracy(data_dir: Path, cfg: Config, checkpoints: Sequence[str], devi
         for nt, tag in ((None, ""), (1, "_1thread")):
             if nt is None or Path(path).suffix == ".onnx":  # an onnxruntime session fixes its threads
                 # an exported .onnx runs on onnxruntime
-                landmarker = Landmarker.from_checkpoints([path], None, device, tta, batch_size=batch_size,
-                                                         schema=schema, threads=nt)
+                landmarker = Landmarker.from_checkpoints([path], backend=None, device=device, tta=tta,
+                                                         batch_size=batch_size, schema=schema, threads=nt)
                 landmarker.predict_faces(lambda size, expand: crop(size, expand, 2))  # warm-up
             with num_threads(nt):
                 sync(device)

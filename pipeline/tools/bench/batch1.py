@@ -10,7 +10,7 @@ from typing import Any, Sequence
 import numpy as np
 import torch
 
-from pipeline.core.config import Config
+from pipeline.core.params_schema import Config
 from pipeline.detection.detectors import dlib_rect
 from pipeline.formats.annotations import crop_faces, load_xml
 from pipeline.formats.checkpoint import checkpoint_crop

@@ -10,11 +10,13 @@ from typing import Any, Sequence
 import click
 import torch
 
-from pipeline.core.config import Config, config_options, with_overrides
+from pipeline.core.config import config_options, with_overrides
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import check_output, write_json
+from pipeline.core.params_schema import Config
 from pipeline.formats.checkpoint import checkpoint_crop, crop_stamp, load_model
+from pipeline.inference.options import device_option
 from pipeline.keypoints.schema import get_schema
 from pipeline.models import create_model, default_input_size, list_presets
 from pipeline.tools.bench.accuracy import bench_accuracy
@@ -235,7 +237,7 @@ def _csv(text: str | None) -> list[str]:
 @click.option("--side-by-side", default=0, show_default=True, type=click.IntRange(min=0),
               help="also time the first preset's training in N processes side by side, each pinned to its share "
                    "of the CPUs, as `pipeline train-folds` trains the folds (0 = off)")
-@click.option("--device", default="auto", show_default=True)
+@device_option
 @click.option("--threads", default=None, type=click.IntRange(min=1),
               help="torch threads for the whole run [torch default]; the 1-thread figures are measured anyway")
 @click.option("--min-time", default=1.0, show_default=True, type=float, help="seconds per inference measurement")

@@ -6,7 +6,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
-from pipeline.core.config import Config
+from pipeline.core.params_schema import Config
 from pipeline.detection.detectors import DETECTORS, INSTALL, available
 from pipeline.detection.matching import evaluate
 from pipeline.tools.bench.timing import num_threads

@@ -13,8 +13,8 @@ import os
 import queue
 from pathlib import Path
 
-from pipeline.core.config import Config
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import Config
 
 
 def bench_train_side_by_side(cfg: Config, preset: str, cache_dir: Path, steps: int, batch_size: int,

@@ -12,9 +12,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from pipeline.core.config import Config, load_config
+from pipeline.core.config import load_config
 from pipeline.core.errors import PipelineError
 from pipeline.core.heap import keep_freed_memory
+from pipeline.core.params_schema import Config
 from pipeline.formats.cache import load_cache
 from pipeline.keypoints.preprocess import normalize_batch
 from pipeline.models import model_flops

@@ -8,8 +8,8 @@ from typing import Any
 
 import torch
 
-from pipeline.core.config import Config
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import Config
 from pipeline.detection.detectors import get_detector
 from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.predictor import prepare_torch
