@@ -22,11 +22,13 @@ def test_params_yaml_matches_defaults_except_data_dir():
 # what recipes/cpu.yaml said before recipes listed only what they change (plus the SGD weight
 # decay, the crop expand and the upsampled maps screened since): the merged slim recipe must still be exactly this run
 CPU_RECIPE_CHANGES = {
-    "data.dir": "../shared/data/ibug300w-mini", "data.label_origin": 1.0, "crop.side": 128, "crop.expand": 1.10,
+    "data.dir": "../shared/data/ibug300w-mini", "data.label_origin": 1.0,
+    "data.extra_train": {"lfpw": "../shared/data/lfpw-train"}, "crop.side": 128, "crop.expand": 1.40,
     "folds.k": 3, "folds.train": [0, 1, 2], "model.input_size": 128,
-    "model.options": {"decoder_levels": 3, "map_upsample": 2}, "train.epochs": 96, "train.batch_size": 32, "train.optimizer": "sgd",
+    "model.options": {"decoder_levels": 3, "map_upsample": 2}, "train.epochs": 48, "train.batch_size": 32, "train.optimizer": "sgd",
     "train.lr": 0.8, "train.weight_decay": 5.0e-4, "train.warmup_epochs": 3.0, "train.heatmap_sigma": 0.5,
-    "train.val_every": 4, "predict.tta_jitter": 0.05, "submit.name": "resunet-tiny-cpu"}
+    "train.val_every": 4, "predict.tta_jitter": 0.05, "submit.name": "resunet-tiny-cpu",
+    "video.box_w_scale": 1.035, "video.box_h_scale": 1.07, "video.box_dy": -0.09}
 
 
 def test_merged_cpu_recipe_is_the_full_recipe_it_replaced():
