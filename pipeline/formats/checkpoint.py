@@ -118,3 +118,38 @@ def checkpoint_label_origin(ckpt: dict[str, Any]) -> float:
     its cache): predictions, computed on 0-based pixel centres, are shifted by it to come
     out in the labels' convention."""
     return float(ckpt["crop"]["label_origin"])
+
+
+# The face-presence score (pipeline/inference/presence.py) of a checkpoint's model: its
+# radius (the keypoint's neighbourhood, in map sides: 3.2 px of a 64 px map, 7 % of the face
+# box's side at crop.expand 1.4, well beyond a good model's point error and well inside a
+# face) and the threshold `pipeline calibrate-presence` chose on its held-out faces.
+PRESENCE_RADIUS = 0.05
+# the gate of a model never calibrated: under the held-out faces' scores of every trained
+# model measured, so it drops clear non-faces and no real face (docs/video.md)
+DEFAULT_PRESENCE_THRESHOLD = 0.5
+
+
+def presence_stamp(threshold: float, radius: float = PRESENCE_RADIUS, **measured: Any) -> dict[str, Any]:
+    """A checkpoint's (or exported model's) "presence": the score's radius and threshold, plus
+    what the calibration measured (auc, faces, non_faces, ...), the single writer of what
+    `checkpoint_presence` reads."""
+    return {"threshold": float(threshold), "radius": float(radius), **measured}
+
+
+def checkpoint_presence(ckpt: dict[str, Any], where: str | os.PathLike | None = None) -> dict[str, Any]:
+    """The face-presence calibration of a checkpoint or exported model: {"threshold", "radius",
+    "calibrated"} (+ what the calibration measured). A model never calibrated gets
+    DEFAULT_PRESENCE_THRESHOLD and PRESENCE_RADIUS, calibrated False."""
+    stamp: Any = ckpt.get("presence")
+    if stamp is None:
+        return {"threshold": DEFAULT_PRESENCE_THRESHOLD, "radius": PRESENCE_RADIUS, "calibrated": False}
+    try:
+        threshold, radius = float(stamp["threshold"]), float(stamp["radius"])
+    except (TypeError, KeyError, ValueError):
+        raise PipelineError(where, f"bad presence calibration {stamp!r} in the checkpoint "
+                                   "(expects presence: {threshold, radius})") from None
+    if not 0 <= threshold <= 1 or not 0 < radius <= 1:  # a share of probability; a share of the map side
+        raise PipelineError(where, f"bad presence calibration (threshold {threshold}, radius {radius}) in the "
+                                   "checkpoint: expects 0 <= threshold <= 1, 0 < radius <= 1")
+    return {**stamp, "threshold": threshold, "radius": radius, "calibrated": True}

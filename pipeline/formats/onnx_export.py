@@ -97,6 +97,8 @@ def export_meta(ckpt: dict[str, Any], onnx_data: bytes, source: str | os.PathLik
     if has_maps:
         outputs[PROBS] = {"shape": ["batch", k, "h", "w"], "units": "soft-argmax probabilities (sum 1 per map)"}
     src = Path(source) if source else None
+    # the face-presence calibration travels with the model (`checkpoint_presence` reads either)
+    presence = {"presence": ckpt["presence"]} if ckpt.get("presence") is not None else {}
     return {
         "format": FORMAT,
         "onnx_sha256": hashlib.sha256(onnx_data).hexdigest(),
@@ -120,6 +122,7 @@ def export_meta(ckpt: dict[str, Any], onnx_data: bytes, source: str | os.PathLik
         "checkpoint": str(src) if src else None,
         "checkpoint_sha256": sha256_file(src) if src and src.is_file() else None,
         "torch": torch.__version__,
+        **presence,
     }
 
 

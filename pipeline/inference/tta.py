@@ -6,7 +6,7 @@ check and bench."""
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 import torch
@@ -27,7 +27,8 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
                   flip_perm: Sequence[int] | None, batch_size: int = 64,
                   device: torch.device = torch.device("cpu"), amp: torch.dtype | None = None,
                   channels_last: bool = False, progress: bool = False,
-                  jitter: Sequence[View] = ()) -> dict[str, np.ndarray]:
+                  jitter: Sequence[View] = (), presence: Callable[..., torch.Tensor] | None = None
+                  ) -> dict[str, np.ndarray]:
     """Keypoints in crop pixels for uint8 faces (N, S, S, 3). `model` is a torch model or
     any callable of the same contract (pipeline/inference/onnx_runtime.py's OnnxModel).
 
@@ -39,7 +40,13 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
 
     `jitter`: extra scale/shift views (pipeline.keypoints.views), each also mirrored when flip_perm is
     given, mapped back exactly and averaged into "tta" (plain and flip stay the unjittered
-    views); they go through the model in the same call."""
+    views); they go through the model in the same call.
+
+    `presence`: also {"presence": (N,)}, each face's face-presence score from the maps of the
+    unjittered plain and mirrored views, `presence(probs, coords, input_size, flip_probs=,
+    flip_raw=, flip_perm=)` (pipeline/inference/presence.py `scorer`; passed in, so that
+    training's validation, which predicts through here, does not depend on it); NaN for a
+    model without heatmaps."""
 
     model.eval()
     cache_size = faces.shape[1]
@@ -48,6 +55,8 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
         outs["flip"] = []
     if jitter:
         outs["jitter"] = []
+    maps = presence is not None and hasattr(model, "forward_maps")
+    scores: list[np.ndarray] = []
     starts: Iterable[int] = range(0, len(faces), batch_size)
     if progress:
         starts = tqdm(starts, desc="predict", unit="batch", leave=False)
@@ -59,12 +68,28 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
             fill = normalize_batch(torch.zeros((1, x.shape[1], 1, 1), dtype=torch.uint8, device=x.device))
             x = torch.cat([x, *(warp_view(x, v, fill) for v in jitter)])  # (V * B, C, H, W)
         with autocast(device, amp):
-            if flip_perm is None:
-                pred = model(x).float()[None]  # (1, V * B, K, 2) input px
+            batch = x if flip_perm is None else torch.cat([x, flip_images(x)])
+            probs = None
+            if maps:
+                out, probs = model.forward_maps(batch)
+                out = out.float()
             else:
-                both = model(torch.cat([x, flip_images(x)])).float()  # (2 V B, K, 2) input px
+                out = model(batch).float()
+            if flip_perm is None:
+                pred = out[None]  # (1, V * B, K, 2) input px
+            else:
+                both = out  # (2 V B, K, 2) input px
                 pred = torch.stack([both[:len(x)], flip_coords(both[len(x):], input_size, flip_perm)])
                 outs["flip"].append(pred[1, :b].cpu().numpy())
+        if presence is not None:
+            if probs is None:
+                scores.append(np.full(b, np.nan))
+            elif flip_perm is None:
+                scores.append(presence(probs[:b], out[:b], input_size).cpu().numpy())
+            else:
+                n = len(x)
+                scores.append(presence(probs[:b], out[:b], input_size, flip_probs=probs[n:n + b],
+                                       flip_raw=out[n:n + b], flip_perm=flip_perm).cpu().numpy())
         outs["plain"].append(pred[0, :b].cpu().numpy())
         if jitter:
             views = [pred[:, :b]] + [unwarp_coords(pred[:, (i + 1) * b:(i + 2) * b], v, input_size, input_size)
@@ -76,25 +101,33 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
         res["tta"] = res.pop("jitter")  # every view, mirrored or not
     elif flip_perm is not None:
         res["tta"] = (res["plain"] + res["flip"]) / 2
+    if presence is not None:
+        res["presence"] = np.concatenate(scores).astype(np.float64) if scores else np.zeros(0)
     return res
 
 
 def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndarray, tta: str,
                      batch_size: int, device: torch.device, progress: bool = False,
-                     amp: str = "auto", amp_key: str = "predict.amp", jitter: float = 0.0) -> dict[str, np.ndarray]:
+                     amp: str = "auto", amp_key: str = "predict.amp", jitter: float = 0.0,
+                     presence: Callable[..., torch.Tensor] | None = None) -> dict[str, np.ndarray]:
     """predict_crops for a checkpoint's model, mapped to original-image pixels, under the
     autocast of setting `amp` (the param `amp_key`: predict.amp, or train.amp in validation);
     `jitter` (predict.tta_jitter) adds the scale/shift views of pipeline/keypoints/views.py to
-    the final answer."""
+    the final answer; `presence` (see predict_crops) adds each face's presence score
+    ("presence", (N,))."""
     if tta not in ("none", "flip"):
         raise PipelineError(params_source("predict.tta"), f"predict.tta must be none|flip, got '{tta}'")
     model_config = ckpt["model_config"]
     crops = predict_crops(model, faces, input_size=model_config["input_size"], in_chans=model_config["in_chans"],
                           flip_perm=ckpt["schema"]["flip"] if tta == "flip" else None,
                           batch_size=batch_size, device=device,
-                          amp=amp_dtype(amp, device, amp_key), progress=progress, jitter=jitter_views(jitter))
+                          amp=amp_dtype(amp, device, amp_key), progress=progress, jitter=jitter_views(jitter),
+                          presence=presence)
+    scores = crops.pop("presence", None)
     # back to the labels' pixel grid (data.label_origin of the cache the model trained on)
     origin = checkpoint_label_origin(ckpt)
     out = {k: to_original(v, crop_to_orig) + origin for k, v in crops.items()}
     out["final"] = out["tta"] if "tta" in out else out["plain"]
+    if scores is not None:
+        out["presence"] = scores
     return out
