@@ -6,8 +6,17 @@ its face leaves the picture, goes undetected on more than `max_missed` detection
 a row, is lost and not found again, or duplicates an older track.
 
 The detector and the keypoint predictor are injected (`detect(image) -> boxes (M, 4)` in
-the training convention, `predict(image, boxes) -> points (M, K, 2)`), so the tracker runs
-on synthetic sequences in tests and on any backend in `pipeline predict-video`.
+the training convention, `predict(image, boxes) -> points (M, K, 2)` or `(points, scores
+(M,))`), so the tracker runs on synthetic sequences in tests and on any backend in
+`pipeline predict-video` (through pipeline/inference/live.py's per-frame `Tracker`).
+
+With a `threshold` and a predictor that scores its faces (the face-presence score of
+pipeline/inference/presence.py), only faces are tracked: a detection starts a track only
+when its face scores at least the threshold (a false detection on a wall never gets an
+id); a tracked face that scores below it is hidden (not returned, its last good box kept)
+and owes the detector a run, as a lost track does; if it still scores below the threshold
+after that run (or the run does not find it), it is closed. A face that scores well again
+on its own comes back under its id.
 
 A track is lost when the box of its keypoints is tiny or overlaps its last box below
 `match_iou` (the keypoints left the face, e.g. a weak model on a hard frame): the detector
@@ -115,21 +124,29 @@ class Track:
     end: str = ""  # why the track was closed
     detected: bool = False  # this frame's box came from the detector
     lost: bool = False  # its keypoints left the face: the detector must find it again
+    score: float = float("nan")  # the face-presence score of its last prediction
+    hidden: bool = False  # that score was below the threshold: not shown, box kept
+    checked: int = 0  # detector runs since it was hidden
 
 
 class FaceTracker:
-    """`tracker.step(index, t, image)` -> the active tracks after this frame (each with
-    `points`, `smoothed`, `box`); `tracker.closed` lists closed tracks in closing order."""
+    """`tracker.step(index, t, image)` -> the tracks shown after this frame (each with
+    `points`, `smoothed`, `box`, `score`); `tracker.closed` lists closed tracks in closing
+    order; `tracker.rejected` counts the detections that scored below `threshold` (None: no
+    gate) and started no track."""
 
     def __init__(self, detect: Callable[[np.ndarray], np.ndarray],
-                 predict: Callable[[np.ndarray, np.ndarray], np.ndarray], *, box_from_points: dict,
+                 predict: Callable[[np.ndarray, np.ndarray], Any], *, box_from_points: dict,
                  detect_every: int = 10, match_iou: float = 0.3, min_visible: float = 0.5, max_missed: int = 1,
-                 max_faces: int = 0, retry_every: int = 5, smoother: Callable[[], Any] | None = None):
+                 max_faces: int = 0, retry_every: int = 5, smoother: Callable[[], Any] | None = None,
+                 threshold: float | None = None):
         self.detect, self.predict = detect, predict
         self.c, self.detect_every, self.match_iou = box_from_points, max(1, int(detect_every)), match_iou
         self.min_visible, self.max_missed, self.max_faces = min_visible, max_missed, max_faces
         self.retry_every = max(1, int(retry_every))
         self.smoother = smoother
+        self.threshold = threshold
+        self.rejected = 0  # detections that scored below the threshold
         self.active: list[Track] = []
         self.closed: list[Track] = []
         self.next_id = 0
@@ -147,15 +164,16 @@ class FaceTracker:
         self.active = []
 
     def _new_track(self, index: int, box: np.ndarray) -> Track:
-        t = Track(id=self.next_id, first_frame=index, box=np.asarray(box, dtype=np.float64),
-                  filter=self.smoother() if self.smoother else None, detected=True)
-        self.next_id += 1
-        return t
+        """A candidate (id -1): it gets its id once its face has scored (step)."""
+        return Track(id=-1, first_frame=index, box=np.asarray(box, dtype=np.float64),
+                     filter=self.smoother() if self.smoother else None, detected=True)
 
     def _match_detections(self, index: int, image: np.ndarray) -> None:
         boxes = np.asarray(self.detect(image), dtype=np.float64).reshape(-1, 4)
         self.detections += 1
         self.last_detect, self.wanted = index, False
+        for t in self.active:
+            t.checked += t.hidden
         tracked = np.array([t.box for t in self.active]).reshape(-1, 4)
         pairs = match(tracked, boxes, self.match_iou)
         used = {di for _, di, _ in pairs}
@@ -182,12 +200,18 @@ class FaceTracker:
                     continue
             keep.append(t)
         self.active = keep
+        gated = self.threshold is not None
         for di in range(len(boxes)):  # largest first (the detectors sort them)
-            if di in used or (self.max_faces and len(self.active) >= self.max_faces):
+            # with a gate, a false detection must not take the place of a face: every
+            # candidate is scored, and max_faces applies to those that pass (step)
+            if di in used or (self.max_faces and not gated and len(self.active) >= self.max_faces):
                 continue
-            taken = np.array([t.box for t in self.active]).reshape(-1, 4)
+            # a face already tracked, found again (at another scale, or a part of it); with a
+            # gate, only the tracks count: two candidates of one face are both scored, and the
+            # younger of two that pass is a duplicate (step)
+            taken = np.array([t.box for t in self.active if t.id >= 0 or not gated]).reshape(-1, 4)
             if len(taken) and overlap_of_smaller(boxes[di], taken).max() >= SAME_FACE_OVERLAP:
-                continue  # a face already tracked, found again (at another scale, or a part of it)
+                continue
             self.active.append(self._new_track(index, boxes[di]))
 
     @staticmethod
@@ -221,7 +245,7 @@ class FaceTracker:
         keep = []
         for tr in self.active:
             tr.detected = False
-            if tr.points is not None:
+            if tr.points is not None and not tr.hidden:  # a hidden track keeps its last good box
                 cand = points_to_box(tr.points, self.c)[0]
                 if min(cand[2], cand[3]) < MIN_BOX_PX or iou(cand[None], tr.box[None])[0, 0] < self.match_iou:
                     tr.lost = True  # keeps its last good box, for the detector to find it again
@@ -232,7 +256,7 @@ class FaceTracker:
                 lost = True
                 continue
             keep.append(tr)
-            lost = lost or tr.lost
+            lost = lost or tr.lost or tr.hidden
         self.active = keep
         self.wanted = self.wanted or lost or not self.active  # the detector is owed a run
         since = None if self.last_detect is None else index - self.last_detect
@@ -240,26 +264,68 @@ class FaceTracker:
             self._match_detections(index, image)
         if not self.active:
             return []
-        points = np.asarray(self.predict(image, np.stack([tr.box for tr in self.active])), dtype=np.float64)
-        for tr, p in zip(self.active, points):
-            tr.points = p
-            side = float(max(tr.box[2], tr.box[3]))
-            tr.smoothed = tr.filter(p, t, side) if tr.filter is not None else p
+        points, scores = self._predict(image, np.stack([tr.box for tr in self.active]))
+        keep = []
+        for tr, p, score in zip(self.active, points, scores):
+            tr.score = float(score)
+            if self.threshold is None or not score < self.threshold:  # NaN: no score, a face
+                tr.points, tr.hidden, tr.checked = p, False, 0
+            elif tr.id < 0:  # a detection that is no face starts no track
+                self.rejected += 1
+                continue
+            elif tr.checked:  # still no face after the detector's fresh look
+                self._close(tr, "not a face (presence score below the threshold)")
+                continue
+            else:  # hidden until the detector has had a look (at most retry_every frames)
+                tr.hidden = tr.lost = True
+                self.wanted = True
+            keep.append(tr)
+        self.active = keep
         self._drop_duplicates()
+        shown = []
         for tr in self.active:
+            if tr.hidden:
+                continue
+            if tr.id < 0:  # a candidate that passed: a track now, while max_faces allows
+                if self.max_faces and sum(t.id >= 0 for t in self.active) >= self.max_faces:
+                    continue
+                tr.id = self.next_id
+                self.next_id += 1
+            side = float(max(tr.box[2], tr.box[3]))
+            shown_points = tr.points  # this frame's: a shown track passed the gate above
+            assert shown_points is not None
+            tr.smoothed = tr.filter(shown_points, t, side) if tr.filter is not None else shown_points
             tr.last_frame = index
-        return list(self.active)
+            shown.append(tr)
+        self.active = [tr for tr in self.active if tr.id >= 0]  # candidates max_faces left out go
+        return shown
+
+    def _predict(self, image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(points (M, K, 2), scores (M,)) of the boxes; NaN scores from a predictor without them."""
+        out = self.predict(image, boxes)
+        if isinstance(out, tuple):
+            points, scores = out
+        else:
+            points, scores = out, np.full(len(boxes), np.nan)
+        return np.asarray(points, dtype=np.float64), np.asarray(scores, dtype=np.float64).reshape(-1)
 
     def _drop_duplicates(self) -> None:
-        if len(self.active) < 2:
+        """Of two shown tracks whose keypoint boxes are one face, the younger goes (a candidate,
+        always younger than the tracks, starts none). Hidden tracks' points are old: the
+        detector settles them."""
+        shown = [t for t in self.active if not t.hidden]
+        if len(shown) < 2:
             return
-        # step() has predicted the points of every active track
-        boxes = points_to_box(np.stack([t.points for t in self.active]), self.c)  # type: ignore[misc]
+        # step() has predicted the points of every shown track
+        boxes = points_to_box(np.stack([t.points for t in shown]), self.c)  # type: ignore[misc]
         m = overlap_of_smaller(boxes, boxes)
         keep: list[int] = []
-        for i, t in enumerate(self.active):  # oldest first: a later track that overlaps an earlier one goes
+        gone = set()
+        for i, t in enumerate(shown):  # oldest first: a later track that overlaps an earlier one goes
             if any(m[i, j] >= SAME_FACE_OVERLAP for j in keep):
-                self._close(t, "duplicate of another track")
+                if t.id >= 0:
+                    self._close(t, "duplicate of another track")
+                gone.add(id(t))
                 continue
             keep.append(i)
-        self.active = [self.active[i] for i in keep]
+        self.active = [t for t in self.active if id(t) not in gone]

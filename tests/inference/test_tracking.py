@@ -244,6 +244,71 @@ def test_a_small_detection_inside_a_tracks_box_does_not_replace_it(tpl):
         np.testing.assert_allclose(boxes[0], points_to_box(scene.truth(f - 1)["a"], C)[0], atol=1e-9)
 
 
+class ScoredScene(Scene):
+    """A Scene whose predictor also scores its faces, as the model's face-presence score does:
+    0.95 on a face (a box centred within a quarter of its side of a face's box centre), 0.1
+    elsewhere (its points then are the template placed in the box) and on the frames and
+    faces listed in `low` (a face the model stops recognising). `walls(i)`: boxes the
+    detector also returns on frame i (false detections in the background), largest first."""
+
+    def __init__(self, tpl, paths, hide=(), walls=lambda i: [], low=()):
+        super().__init__(tpl, paths, hide)
+        self.walls, self.low = walls, set(low)
+
+    def detect(self, image):
+        boxes = [*super().detect(image), *self.walls(self.frame)]
+        return np.array(sorted(boxes, key=lambda b: -b[2] * b[3])).reshape(-1, 4)
+
+    def predict(self, image, boxes):
+        self.boxes_seen.append((self.frame, np.array(boxes)))
+        faces = {name: (p, points_to_box(p, C)[0]) for name, p in self.truth(self.frame).items()}
+        points, scores = [], []
+        for b in boxes:
+            near = [name for name, (_, fb) in faces.items()
+                    if np.linalg.norm(fb[:2] + fb[2:] / 2 - b[:2] - b[2:] / 2) < 0.25 * max(b[2], b[3])]
+            if near:
+                points.append(faces[near[0]][0])
+                scores.append(0.1 if (self.frame, near[0]) in self.low else 0.95)
+            else:
+                points.append(shape_in_box(b, C))
+                scores.append(0.1)
+        return np.stack(points), np.array(scores)
+
+
+WALL = np.array([120.0, 20, 60, 60])  # larger than the face: the detector lists it first
+
+
+def test_a_false_detection_that_scores_low_never_starts_a_track(tpl):
+    scene = ScoredScene(tpl, {"a": lambda i: (20 + i, 80, 1.0)}, walls=lambda i: [WALL])
+    tracker, frames = scene.run(20, detect_every=5, threshold=0.5, max_faces=1)
+    # one face, one id, on every frame: the wall took neither an id nor max_faces' one place
+    assert all(list(f) == [0] for f in frames) and [t.id for t in tracker.closed] == [0]
+    assert tracker.rejected == len(scene.detect_calls) == 4 and tracker.next_id == 1
+    # without the gate the wall is a track of its own, and with max_faces 1 it takes the place
+    tracker, frames = ScoredScene(tpl, {"a": lambda i: (20 + i, 80, 1.0)}, walls=lambda i: [WALL]).run(
+        20, detect_every=5, max_faces=1)
+    assert [t.id for t in tracker.closed] == [0] and tracker.rejected == 0
+    assert all(np.allclose(f[0], shape_in_box(WALL, C)) for f in frames)
+
+
+def test_a_face_that_scores_low_is_hidden_and_the_detector_has_a_fresh_look(tpl):
+    # a low score on frame 5 only: hidden on 5, the detector runs on the first frame
+    # retry_every allows (6), the face scores well again: the same id goes on
+    scene = ScoredScene(tpl, {"a": lambda i: (30 + i, 40, 1.0)}, low={(5, "a")})
+    tracker, frames = scene.run(12, detect_every=100, retry_every=3, threshold=0.5)
+    assert scene.detect_calls == [0, 6]
+    assert [list(f) for f in frames] == [[0]] * 5 + [[]] + [[0]] * 6
+    assert [t.id for t in tracker.closed] == [0] and tracker.closed[0].end == "end of video"
+    # low from frame 5 on: still low after the detector's fresh look on frame 6, so closed
+    # there; then nothing is tracked, and the detector's candidates are no faces
+    scene = ScoredScene(tpl, {"a": lambda i: (30 + i, 40, 1.0)}, low={(i, "a") for i in range(5, 12)})
+    tracker, frames = scene.run(12, detect_every=100, retry_every=3, threshold=0.5)
+    assert [list(f) for f in frames] == [[0]] * 5 + [[]] * 7
+    (t,) = tracker.closed
+    assert t.end.startswith("not a face") and t.last_frame == 4
+    assert scene.detect_calls == [0, 6, 9] and tracker.rejected == 1  # frame 9's detection of a
+
+
 REAL_VIDEO = Path(__file__).resolve().parents[3] / "shared" / "data" / "real-video"
 
 
