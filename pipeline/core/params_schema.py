@@ -361,6 +361,11 @@ class VideoParams(Section):
     min_visible: float = param(0.5, "a track whose box is less than this share inside the picture is closed",
                                ge=0, le=1)
     max_faces: int = param(0, "track at most N faces at once (0: all)", ge=0)
+    # the model's own face-presence score (pipeline/inference/presence.py) against its
+    # calibrated threshold: a false detection starts no track, a track that leaves the face
+    # closes; off tracks whatever the detector and the keypoints' boxes say
+    presence: Literal["on", "off"] = param("on", "track only what scores as a face (the model's presence "
+                                                 "threshold): on | off")
     # the box from a face's keypoints on the last frame, in the training boxes' convention:
     # width = box_w_scale * keypoint x extent, height = box_h_scale * y extent, centre =
     # extent centre + (box_dx, box_dy) * extent. Medians of both train XMLs (demo set and

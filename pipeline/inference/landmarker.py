@@ -8,7 +8,10 @@ exported .onnx files) and owns everything between a photo and its keypoints:
 * the fold ensemble: the mean over models, here and nowhere else,
 * the optional OOF calibration: a per-keypoint bias (K, 2) subtracted from that mean,
 * the way back to the photo's pixels (crop transform, the labels' pixel origin),
-* face detection (pipeline/detection) when no boxes are given.
+* face detection (pipeline/detection) when no boxes are given,
+* the face-presence score of every face (pipeline/inference/presence.py: `faces`,
+  `predict_scored`) and the per-frame tracker of live video (`tracker`,
+  pipeline/inference/live.py).
 
 The predict stage, `submit --xml`, predict-image, predict-video, morph and bench's accuracy
 timing all predict through it."""
@@ -18,6 +21,8 @@ from __future__ import annotations
 import glob
 import logging
 import os
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
 
@@ -26,10 +31,13 @@ import torch
 
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
+from pipeline.core.params_schema import VideoParams
 from pipeline.detection.detectors import locate_faces
 from pipeline.formats.annotations import crop_faces, load_xml, read_image
-from pipeline.formats.checkpoint import checkpoint_crop
+from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_presence
+from pipeline.inference.live import Tracker
 from pipeline.inference.predictor import load_predictor
+from pipeline.inference.presence import scorer, select_faces
 from pipeline.inference.tta import predict_original
 from pipeline.keypoints.geometry import crop_face
 from pipeline.keypoints.schema import KeypointSchema, check_schema, schema_from_dict
@@ -112,6 +120,23 @@ def as_photo(image: Any, where: str = "image") -> np.ndarray:
     if image.shape[2] in (1, 2):  # grey, grey + alpha
         return np.ascontiguousarray(np.repeat(image[:, :, :1], 3, axis=2))
     return np.ascontiguousarray(image[:, :, :3])  # RGB, or RGBA without its alpha
+
+
+@dataclass
+class Faces:
+    """The faces of one photo, largest first: boxes (M, 4) [left, top, width, height] in the
+    training convention, points (M, K, 2) in image pixels, scores (M,) the face-presence
+    score (NaN for a model without heatmaps), is_face (M,) score >= the models' threshold,
+    detector_boxes (M, 4) the detector's own boxes (None when the boxes were given)."""
+
+    boxes: np.ndarray
+    points: np.ndarray
+    scores: np.ndarray
+    is_face: np.ndarray
+    detector_boxes: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.boxes)
 
 
 class Landmarker:
@@ -274,3 +299,103 @@ class Landmarker:
         faces = load_xml(xml_path, self.schema, require_parts=False)
         return self.predict_faces(lambda size, expand: crop_faces(faces, Path(xml_path).parent, size, expand,
                                                                   n_jobs, xml_path))
+
+    # ------------------------------------------------------------------ face presence
+
+    @property
+    def presence(self) -> list[dict]:
+        """Each model's face-presence calibration ({"threshold", "radius", "calibrated", ...},
+        pipeline/formats/checkpoint.py `checkpoint_presence`)."""
+        return [checkpoint_presence(meta, path) for meta, path in zip(self.metas, self.paths)]
+
+    @property
+    def presence_threshold(self) -> float:
+        """The ensemble's face gate: the mean of its models' thresholds (its score is the mean
+        of their scores)."""
+        return float(np.mean([p["threshold"] for p in self.presence]))
+
+    def per_model_scored(self, crop: CropFn, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """`per_model` and every model's face-presence scores: ((F, N, K, 2), (F, N))."""
+        by_geometry: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
+        preds, scores = [], []
+        for i, (geometry, presence) in enumerate(zip(self.geometries, self.presence)):
+            if geometry not in by_geometry:
+                by_geometry[geometry] = crop(*geometry)
+            crops, crop_to_orig = by_geometry[geometry]
+            out = predict_original(self.models[i], self.metas[i], crops, crop_to_orig, self.tta, self.batch_size,
+                                   self.device, progress=progress, amp=self.amp, amp_key="predict.amp",
+                                   jitter=self.jitter, presence=scorer(presence["radius"]))
+            preds.append(out["final"])
+            scores.append(out["presence"])
+        return np.stack(preds), np.stack(scores)
+
+    def predict_faces_scored(self, crop: CropFn, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """The ensemble (N, K, 2) of the faces `crop(size, expand)` gives, and their presence
+        scores (N,): the mean of the models' (NaN where none has heatmaps)."""
+        points, scores = self.per_model_scored(crop, progress)
+        with warnings.catch_warnings():  # all-NaN columns (no heatmaps) stay NaN, silently
+            warnings.simplefilter("ignore", RuntimeWarning)
+            return self.ensemble(points), np.nanmean(scores, axis=0)
+
+    def predict_batch_scored(self, images: Sequence[np.ndarray | str | os.PathLike],
+                             boxes_list: Sequence[np.ndarray] | None = None,
+                             max_faces: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`predict_batch` with each face's presence score: [(points (M_i, K, 2), scores (M_i,))]
+        per photo; every face is kept, whatever its score (`faces_batch` gates them)."""
+        photos = [as_photo(im, "image" if len(images) == 1 else f"images[{i}]") for i, im in enumerate(images)]
+        if boxes_list is None:
+            boxes_list = [self.detect(im, max_faces)[0] for im in photos]
+        if len(boxes_list) != len(photos):
+            raise PipelineError(None, f"{len(photos)} images but {len(boxes_list)} box arrays")
+        boxes_list = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes_list]
+        counts = [len(b) for b in boxes_list]
+        if not sum(counts):
+            return [(np.zeros((0, self.schema.k, 2)), np.zeros(0)) for _ in photos]
+        photo_of = [im for im, boxes in zip(photos, boxes_list) for _ in boxes]
+        all_boxes = [b for boxes in boxes_list for b in boxes]
+
+        def crop(size: int, expand: float) -> tuple[np.ndarray, np.ndarray]:
+            faces, a = zip(*(crop_face(im, b, expand, size) for im, b in zip(photo_of, all_boxes)))
+            return np.stack(faces), np.stack(a)
+
+        points, scores = self.predict_faces_scored(crop)
+        cut = np.cumsum(counts)[:-1]
+        return list(zip(np.split(points, cut), np.split(scores, cut)))
+
+    def predict_scored(self, image: np.ndarray | str | os.PathLike, boxes: np.ndarray | None = None,
+                       max_faces: int = 0) -> tuple[np.ndarray, np.ndarray]:
+        """`predict` and the faces' presence scores: (points (M, K, 2), scores (M,))."""
+        return self.predict_batch_scored([image], None if boxes is None else [boxes], max_faces)[0]
+
+    def faces_batch(self, images: Sequence[np.ndarray | str | os.PathLike],
+                    boxes_list: Sequence[np.ndarray] | None = None, max_faces: int = 0,
+                    keep_all: bool = False) -> list[Faces]:
+        """The faces of several photos (`Faces` each): detected (or `boxes_list`), predicted and
+        scored together; what scores below the presence threshold is no face and is left out
+        (`keep_all`: kept, with is_face False). max_faces: the largest N faces that pass (0: all)."""
+        photos = [as_photo(im, "image" if len(images) == 1 else f"images[{i}]") for i, im in enumerate(images)]
+        raw_list: list[np.ndarray | None] = [None] * len(photos)
+        if boxes_list is None:
+            found = [self.detect(im, 0) for im in photos]  # all of them: a non-face must not take a place
+            boxes_list, raw_list = [f[0] for f in found], [f[1] for f in found]
+        threshold = self.presence_threshold
+        out = []
+        for (points, scores), boxes, raw in zip(self.predict_batch_scored(photos, boxes_list), boxes_list, raw_list):
+            boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
+            keep, face = select_faces(scores, threshold, max_faces, keep_all)
+            out.append(Faces(boxes[keep], points[keep], scores[keep], face,
+                             None if raw is None else np.asarray(raw, dtype=np.float64).reshape(-1, 4)[keep]))
+        return out
+
+    def faces(self, image: np.ndarray | str | os.PathLike, boxes: np.ndarray | None = None, max_faces: int = 0,
+              keep_all: bool = False) -> Faces:
+        """The faces of one photo (`faces_batch`): boxes, points, presence scores."""
+        return self.faces_batch([image], None if boxes is None else [boxes], max_faces, keep_all)[0]
+
+    def tracker(self, video: VideoParams | None = None, *, smoothing: str = "one_euro", detect=None,
+                presence: bool | None = None) -> Tracker:
+        """A per-frame face tracker for live sources (pipeline/inference/live.py):
+        `faces = tracker.update(frame, t)`. video: the tracking params (default: params.yaml's
+        defaults); smoothing: one_euro (causal, the default) | none; presence: gate by the
+        models' threshold (default video.presence)."""
+        return Tracker(self, video, smoothing=smoothing, detect=detect, presence=presence)
