@@ -1,6 +1,8 @@
 """Video files: reading frames and their time stamps (cv2.VideoCapture) and writing them
 (cv2.VideoWriter) to a temp folder, published by a rename when complete, so a failed run
-leaves no half video."""
+leaves no half video. Besides files, OpenCV's live capture sources: a camera index ("0")
+or a stream URL ("rtsp://...", "http://...", "file:///..."), read through the same
+interface (`open_capture`)."""
 
 from __future__ import annotations
 
@@ -33,6 +35,39 @@ def open_video(path: str | os.PathLike) -> tuple[cv2.VideoCapture, float, int]:
     fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
     if not math.isfinite(fps) or fps <= 0:
         log.warning("%s declares no frame rate: assuming %g fps", path, FALLBACK_FPS)
+        fps = FALLBACK_FPS
+    n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
+    return cap, fps, max(n, 0)
+
+
+def capture_source(src: str | int | os.PathLike) -> int | str | None:
+    """What cv2.VideoCapture should open for `src` when it is a live source: a camera index
+    (an int, or digits that name no file) or a URL (it has "://"); None for a file path."""
+    if isinstance(src, int):
+        return src
+    text = str(src)
+    if text.isdigit() and not Path(text).exists():
+        return int(text)
+    if "://" in text:
+        return text
+    return None
+
+
+def open_capture(src: str | int | os.PathLike) -> tuple[cv2.VideoCapture, float, int]:
+    """`open_video` for a file, or a live capture source (`capture_source`): (capture, frames
+    per second (FALLBACK_FPS when the source declares none), declared frame count (0 when
+    unknown, as for a camera))."""
+    live = capture_source(src)
+    if live is None:
+        return open_video(src)  # type: ignore[arg-type]  # not an int: capture_source returns ints
+    cap = cv2.VideoCapture(live)
+    if not cap.isOpened():
+        cap.release()
+        what = f"camera {live}" if isinstance(live, int) else "the stream"
+        raise PipelineError(str(src), f"cannot open {what} (OpenCV's capture found no such source)")
+    fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
+    if not math.isfinite(fps) or fps <= 0:
+        log.warning("%s declares no frame rate: assuming %g fps", src, FALLBACK_FPS)
         fps = FALLBACK_FPS
     n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
     return cap, fps, max(n, 0)

@@ -28,11 +28,11 @@ from pipeline.core.io import check_output, write_csv
 from pipeline.core.params_schema import Config, VideoParams
 from pipeline.detection.detectors import get_detector
 from pipeline.formats.images import write_png
-from pipeline.formats.video import AtomicVideoWriter, open_video, timed_frames_of
+from pipeline.formats.video import AtomicVideoWriter, capture_source, open_capture, open_video, timed_frames_of
 from pipeline.formats.video_csv import read_video_csv, write_video_csv
 from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.live import Tracker
 from pipeline.inference.options import model_options
-from pipeline.inference.tracking import FaceTracker, box_constants
 from pipeline.keypoints.draw import contact_sheet, draw_faces, put_label
 from pipeline.keypoints.geometry import crop_face
 from pipeline.keypoints.smoothing import WINDOW_TOLERANCE_S, OneEuroFilter, local_poly_in_time, window_counts
@@ -66,37 +66,35 @@ def _face_tile(image: np.ndarray, box: np.ndarray | None, side: int = 144) -> np
     return crop_face(image, box, 1.6, side)[0]
 
 
-def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParams, *,
+def track_video(src: str | int | os.PathLike, landmarker: Landmarker, vcfg: VideoParams, *,
                 out_mp4: str | os.PathLike | None = None, smooth: bool = True, progress: bool = True,
-                detect=None, keep: Sequence[int] = ()) -> dict[str, Any]:
-    """Keypoints of every face on every frame of `src` (tracked, see pipeline/inference/tracking.py),
-    optionally drawn into `out_mp4`. Returns rows (frame, time, face, raw points, smoothed
-    points, box side) as arrays, the video's fps and frame count, closed tracks, the number
-    of detector runs and the seconds spent end to end (decode, detect, predict, draw, encode).
-    The frames numbered in `keep` come back drawn both ways: {"kept": {i: (raw, smoothed)}}."""
+                detect=None, keep: Sequence[int] = (), max_frames: int = 0) -> dict[str, Any]:
+    """Keypoints of every face on every frame of `src` (a file, or a camera index or stream URL:
+    pipeline/formats/video.py `open_capture`), a loop over the per-frame tracker
+    (`landmarker.tracker()`: pipeline/inference/live.py), optionally drawn into `out_mp4`.
+    Returns rows (frame, time, face, raw points, smoothed points, box side, box, presence
+    score) as arrays, the video's fps and frame count, closed tracks, the number of detector
+    runs and of detections rejected as no face, and the seconds spent end to end (decode,
+    detect, predict, draw, encode). The frames numbered in `keep` come back drawn both ways:
+    {"kept": {i: (raw, smoothed)}}. max_frames: stop after this many (0: at the end; a live
+    source also ends at Ctrl-C)."""
     schema = landmarker.schema
-    if detect is None:
-        found = get_detector(vcfg.detector)
-
-        def detect(image):
-            return found(image, 0)[0]
-
-    predict = landmarker.predict
-
-    cap, fps, declared = open_video(src)
+    is_live = capture_source(src) is not None
+    cap, fps, declared = open_capture(src) if is_live else open_video(src)  # type: ignore[arg-type]  # a file
     # "poly": a centred local quadratic in time over the frames within +-half_s of each frame's
-    # time stamp (no lag, half_s of latency); "one_euro": causal, smoothed as each frame comes
+    # time stamp (no lag, half_s of latency), applied here; "one_euro": causal, by the tracker
     half_s = vcfg.half_window_s if vcfg.filter == "poly" else 0.0
     # a row is smoothed once a frame later than this past it has been seen (or its track
     # closed); its window is sliced as wide, local_poly_in_time then keeps the frames within it
     reach = half_s + 2 * WINDOW_TOLERANCE_S
-    smoother = ((lambda: OneEuroFilter(vcfg.min_cutoff, vcfg.beta, vcfg.d_cutoff))
-                if vcfg.filter == "one_euro" else None)
-    tracker = FaceTracker(detect, predict, box_from_points=box_constants(vcfg), detect_every=vcfg.detect_every,
-                          match_iou=vcfg.match_iou, min_visible=vcfg.min_visible,
-                          max_missed=vcfg.max_missed, max_faces=vcfg.max_faces,
-                          retry_every=vcfg.retry_every, smoother=smoother)
-    rows: dict[str, list] = {"frame": [], "time": [], "face": [], "raw": [], "smoothed": [], "side": [], "box": []}
+    causal = vcfg.filter == "one_euro"
+    try:
+        tracker = Tracker(landmarker, vcfg, smoothing="one_euro" if causal else "none", detect=detect)
+    except BaseException:
+        cap.release()
+        raise
+    rows: dict[str, list] = {"frame": [], "time": [], "face": [], "raw": [], "smoothed": [], "side": [], "box": [],
+                             "score": []}
     writer = AtomicVideoWriter(out_mp4, fps) if out_mp4 is not None else None
     kept: dict[int, tuple[np.ndarray, ...]] = {}  # frame -> (raw, smoothed)
     keep_frames = set(keep)
@@ -110,7 +108,7 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
         or its track closed), then draw the frames whose rows are all smoothed."""
         for fid in list(track_rows):
             rs, ts, j = track_rows[fid], track_times[fid], done.get(fid, 0)
-            while smoother is None and j < len(rs) and (fid not in live or ts[j] + reach < now):
+            while not causal and j < len(rs) and (fid not in live or ts[j] + reach < now):
                 lo, hi = bisect.bisect_left(ts, ts[j] - reach), bisect.bisect_right(ts, ts[j] + reach)
                 window = np.asarray([rows["raw"][r] for r in rs[lo:hi]])
                 rows["smoothed"][rs[j]] = local_poly_in_time(window, np.asarray(ts[lo:hi]), j - lo, half_s)
@@ -135,32 +133,40 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
     last = t0
     try:
         frames: Iterable[tuple[float, np.ndarray]] = timed_frames_of(cap, fps)
+        if max_frames:
+            frames = itertools.islice(frames, max_frames)
         if progress:
-            frames = tqdm(frames, total=declared or None, desc="predict-video", unit="frame")
-        for i, (t, frame) in enumerate(frames):
-            times.append(t)
-            active = tracker.step(i, t, frame)
-            these = []
-            for tr in active:
-                these.append(len(rows["frame"]))
-                track_rows.setdefault(tr.id, []).append(len(rows["frame"]))
-                track_times.setdefault(tr.id, []).append(t)
-                rows["frame"].append(i)
-                rows["time"].append(t)
-                rows["face"].append(tr.id)
-                rows["raw"].append(tr.points)
-                rows["smoothed"].append(tr.smoothed if smoother is not None else None)
-                rows["side"].append(float(max(tr.box[2], tr.box[3])))
-                rows["box"].append(tr.box.copy())
-            pending.append((i, frame, these))
-            settle(t, {tr.id for tr in active})
-            n = i + 1
-            now = time.perf_counter()
-            spent_on.append(now - last)
-            last = now
+            total = min(declared, max_frames) if declared and max_frames else declared or max_frames
+            frames = tqdm(frames, total=total or None, desc="predict-video", unit="frame")
+        try:
+            for i, (t, frame) in enumerate(frames):
+                times.append(t)
+                these = []
+                for face in tracker.update(frame, t):
+                    these.append(len(rows["frame"]))
+                    track_rows.setdefault(face.id, []).append(len(rows["frame"]))
+                    track_times.setdefault(face.id, []).append(t)
+                    rows["frame"].append(i)
+                    rows["time"].append(t)
+                    rows["face"].append(face.id)
+                    rows["raw"].append(face.raw)
+                    rows["smoothed"].append(face.points if causal else None)
+                    rows["side"].append(float(max(face.box[2], face.box[3])))
+                    rows["box"].append(face.box)
+                    rows["score"].append(face.score)
+                pending.append((i, frame, these))
+                settle(t, tracker.open_ids)
+                n = i + 1
+                now = time.perf_counter()
+                spent_on.append(now - last)
+                last = now
+        except KeyboardInterrupt:
+            if not is_live or n == 0:
+                raise
+            log.info("%s: stopped after %d frames", src, n)  # a camera has no end: Ctrl-C is one
         if n == 0:
-            raise PipelineError(src, "no frame could be decoded")
-        tracker.close_all()
+            raise PipelineError(str(src), "no frame could be decoded")
+        tracker.close()
         settle(float("inf"), set())
         if writer is not None:
             writer.publish()
@@ -170,14 +176,13 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
         raise
     finally:
         cap.release()
-    if smoother is None and half_s > 0:
+    if not causal and half_s > 0:
         warn_if_too_slow(src, np.asarray(times), half_s)
     spent = time.perf_counter() - t0
     k = schema.k
     out = {"fps": fps, "frames": n, "seconds": spent, "detections": tracker.detections, "kept": kept,
-           "frame_seconds": np.asarray(spent_on), "eyes": schema.eyes,
-           "tracks": [{"id": t.id, "first_frame": t.first_frame, "last_frame": t.last_frame, "end": t.end}
-                      for t in sorted(tracker.closed, key=lambda t: t.id)]}
+           "rejected": tracker.rejected, "presence_threshold": tracker.threshold,
+           "frame_seconds": np.asarray(spent_on), "eyes": schema.eyes, "tracks": tracker.tracks}
     out["frame"] = np.asarray(rows["frame"], dtype=np.int64)
     out["time"] = np.asarray(rows["time"], dtype=np.float64)
     out["face"] = np.asarray(rows["face"], dtype=np.int64)
@@ -185,10 +190,11 @@ def track_video(src: str | os.PathLike, landmarker: Landmarker, vcfg: VideoParam
     out["smoothed"] = np.asarray(rows["smoothed"], dtype=np.float64).reshape(-1, k, 2)
     out["side"] = np.asarray(rows["side"], dtype=np.float64)
     out["box"] = np.asarray(rows["box"], dtype=np.float64).reshape(-1, 4)
+    out["score"] = np.asarray(rows["score"], dtype=np.float64)
     return out
 
 
-def warn_if_too_slow(src: str | os.PathLike, times: np.ndarray, half_s: float) -> None:
+def warn_if_too_slow(src: str | int | os.PathLike, times: np.ndarray, half_s: float) -> None:
     """One warning when most frames' poly window (+-half_s around them) holds fewer than
     POLY_MIN_FRAMES frames: their keypoints come out as raw as they went in."""
     if len(times) < 2:
@@ -205,18 +211,24 @@ def warn_if_too_slow(src: str | os.PathLike, times: np.ndarray, half_s: float) -
 def run_predict_video(cfg: Config, src: str, checkpoints: Sequence[str], out: str | None = None,
                       csv_path: str | None = None, smooth: str | None = None, device_name: str = "auto",
                       backend: str = "torch", tta: str | None = None, strip: str | None = None,
-                      strip_frames: int = 4) -> dict[str, Any]:
+                      strip_frames: int = 4, max_frames: int = 0) -> dict[str, Any]:
     """`pipeline predict-video`: the annotated mp4, the CSV with `csv_path`, and with `strip`
-    a PNG of strip_frames evenly spaced frames, raw predictions above, smoothed below."""
+    a PNG of strip_frames evenly spaced frames, raw predictions above, smoothed below. `src`:
+    a video file, or a live capture source (a camera index, a stream URL); max_frames: stop
+    after this many frames (0: at the stream's end)."""
     vcfg = cfg.video if smooth is None else cfg.video.model_copy(update={"smooth": smooth})
-    src_path = Path(src)
-    cap, _, declared = open_video(src_path)  # a bad input fails before the models load
+    live = capture_source(src)
+    cap, _, declared = open_capture(src)  # a bad input fails before the models load
     cap.release()
-    out_path = Path(out) if out else Path("out") / f"{src_path.stem}_keypoints.mp4"
+    if max_frames:
+        declared = min(declared, max_frames) if declared else max_frames
+    src_path = Path(str(src))
+    stem = src_path.stem if live is None else (f"camera{live}" if isinstance(live, int) else "stream")
+    out_path = Path(out) if out else Path("out") / f"{stem}_keypoints.mp4"
     if out_path.suffix.lower() != ".mp4":
         raise PipelineError(out_path, "--out must end in .mp4")
     for p in (out_path, csv_path, strip):
-        if p is not None and Path(p).resolve() == src_path.resolve():
+        if p is not None and live is None and Path(p).resolve() == src_path.resolve():
             raise PipelineError(p, "would overwrite the input video")
         if p is not None:
             check_output(p)
@@ -224,10 +236,11 @@ def run_predict_video(cfg: Config, src: str, checkpoints: Sequence[str], out: st
     landmarker = Landmarker.from_checkpoints(checkpoints, backend=backend, device=resolve_device(device_name),
                                              tta=tta or cfg.predict.tta)
     keep = sorted({int(round(v)) for v in np.linspace(0, max(declared - 1, 0), strip_frames)}) if strip else []
-    res = track_video(src_path, landmarker, vcfg, out_mp4=out_path, smooth=vcfg.smooth == "on", keep=keep)
+    res = track_video(src_path if live is None else live, landmarker, vcfg, out_mp4=out_path,
+                      smooth=vcfg.smooth == "on", keep=keep, max_frames=max_frames)
     pts = res["smoothed"] if vcfg.smooth == "on" else res["raw"]
     if csv_path:
-        write_video_csv(csv_path, res["frame"], res["time"], res["face"], pts)
+        write_video_csv(csv_path, res["frame"], res["time"], res["face"], pts, res["score"])
     if strip and res["kept"]:
         frames = sorted(res["kept"])
         tiles = [put_label(res["kept"][i][row].copy(), f"frame {i} {name}")
@@ -250,7 +263,11 @@ def clip_stats(res: dict, smoothed: np.ndarray | None = None, expected_faces: in
     smoothing's lag in eye distances: its mean distance from the raw points and best delay,
     and its signed offset along the motion (`smoothed`: other smoothed rows than the run's)."""
     sm = res["smoothed"] if smoothed is None else smoothed
+    scores = np.asarray(res.get("score", []), dtype=np.float64)
+    scores = scores[np.isfinite(scores)]
     out: dict[str, Any] = {"frames": res["frames"], "detections": res["detections"],
+                           "rejected": res.get("rejected", 0),
+                           "score_min": float(scores.min()) if len(scores) else float("nan"),
                            **track_summary(res["frame"], res["face"], res["frames"], expected_faces),
                            "frames_per_s": per_second_rate(res["frame_seconds"], res["fps"])}
     eyes = res["eyes"]
@@ -269,7 +286,8 @@ def format_clip_stats(name: str, st: dict) -> str:
     r = st["frames_per_s"]
     line = (f"{name}: {st['frames']} frames, {st['tracks']} track(s), {st['id_switches']} id switch(es), "
             f"{st['extra_face_frames']} frame(s) with more than {st['expected_faces']} face(s), detector on "
-            f"{st['detections']} frame(s); frames/s median {r['median']:.1f}, slowest second "
+            f"{st['detections']} frame(s), {st['rejected']} detection(s) rejected as no face, lowest presence "
+            f"score shown {st['score_min']:.3f}; frames/s median {r['median']:.1f}, slowest second "
             f"{r['slowest_second']} at {r['slowest']:.1f} ({r['ratio']:.2f} x median)")
     if "jitter_raw" in st:
         line += (f"; jitter {100 * st['jitter_raw']:.3f}% -> {100 * st['jitter_smoothed']:.3f}% of the eye distance "
@@ -384,12 +402,18 @@ def measure_smoothing(landmarker: Landmarker, vcfg: VideoParams, workdir: str | 
               help="smoothing over time (video.filter); off: raw predictions [params video.smooth]")
 @click.option("--tta", type=click.Choice(["flip", "none"]), default=None, help="[params predict.tta]")
 @click.option("--strip", default=None, help="also write a PNG of 4 frames (around the first face), raw above smoothed")
+@click.option("--max-frames", default=0, show_default=True, type=click.IntRange(min=0),
+              help="stop after N frames (0: at the end of the video; a camera also stops at Ctrl-C)")
 @config_options
-def predict_video_cmd(src, checkpoints, out, csv_path, smooth, tta, strip, device, backend, cfg):
+def predict_video_cmd(src, checkpoints, out, csv_path, smooth, tta, strip, device, backend, max_frames, cfg):
     """Keypoints on every frame of a video: faces detected every video.detect_every frames
-    and tracked in between, smoothed over time, drawn into an mp4."""
-    res = run_predict_video(cfg, src, checkpoints, out, csv_path, smooth, device, backend, tta, strip)
-    click.echo(f"{src}: {res['frames']} frames, {len(res['tracks'])} face track(s) -> {res['out']}"
+    and tracked in between (only what the model scores as a face: video.presence), smoothed
+    over time, drawn into an mp4. IN: a video file, or an OpenCV capture source: a camera
+    index (0) or a stream URL (rtsp://..., http://...)."""
+    res = run_predict_video(cfg, src, checkpoints, out, csv_path, smooth, device, backend, tta, strip,
+                            max_frames=max_frames)
+    rejected = f", {res['rejected']} detection(s) rejected as no face" if res["rejected"] else ""
+    click.echo(f"{src}: {res['frames']} frames, {len(res['tracks'])} face track(s){rejected} -> {res['out']}"
                + (f", {res['csv']}" if res["csv"] else ""))
 
 
@@ -411,15 +435,15 @@ def make_test_video_cmd(out, n_frames, fps, still, seed, photo, xml, face):
 
 
 
-STATS_COLUMNS = ("clip", "frames", "tracks", "id_switches", "extra_face_frames", "detections", "fps_median",
-                 "fps_slowest", "slowest_second", "jitter_raw_pct", "jitter_smoothed_pct", "jitter_reduction_pct",
-                 "lag_offset_pct", "lag_delay_frames", "lag_along_motion_pct")
+STATS_COLUMNS = ("clip", "frames", "tracks", "id_switches", "extra_face_frames", "detections", "rejected",
+                 "score_min", "fps_median", "fps_slowest", "slowest_second", "jitter_raw_pct", "jitter_smoothed_pct",
+                 "jitter_reduction_pct", "lag_offset_pct", "lag_delay_frames", "lag_along_motion_pct")
 
 
 def stats_row(clip: str, st: dict) -> list:
     r = st["frames_per_s"]
     return [clip, st["frames"], st["tracks"], st["id_switches"], st["extra_face_frames"], st["detections"],
-            round(r["median"], 2), round(r["slowest"], 2), r["slowest_second"],
+            st["rejected"], round(st["score_min"], 4), round(r["median"], 2), round(r["slowest"], 2), r["slowest_second"],
             *(round(100 * st.get(k, float("nan")), 4) for k in ("jitter_raw", "jitter_smoothed", "jitter_reduction")),
             round(100 * st.get("lag", {}).get("offset", float("nan")), 4), st.get("lag", {}).get("delay", float("nan")),
             round(100 * st.get("lag_along_motion", float("nan")), 4)]
