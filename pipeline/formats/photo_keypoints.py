@@ -2,14 +2,18 @@
 centres at integers; boxes are [left, top, width, height] in the training box convention.
 
 - `<stem>_keypoints.json`, one per photo: `image, width, height, detector, schema, names,
-  checkpoints, tta, n_faces, faces: [{box, detector_box, points}]`; boxes rounded to 0.01,
-  points (K, 2) to 0.001.
+  checkpoints, tta, presence_threshold, n_faces, faces: [{box, detector_box, score, is_face,
+  points}]`; boxes rounded to 0.01, points (K, 2) to 0.001, the face-presence score to
+  0.0001 (null for a model without heatmaps); is_face: score >= presence_threshold (false
+  only for the non-faces `--keep-all` keeps).
 - `keypoints.csv` (`--csv`), one row per face of all photos, in photo order:
 
-      image,face,box_left,box_top,box_width,box_height,x0,y0,x1,y1,...
+      image,face,box_left,box_top,box_width,box_height,score,is_face,x0,y0,x1,y1,...
 
-  face: the face's index within its photo (0, 1, ...); box to 0.01 px, x/y to 0.001 px.
-  A run that found no face writes the header only."""
+  face: the face's index within its photo (0, 1, ...); box to 0.01 px, x/y to 0.001 px,
+  score as in the JSON (empty when none), is_face 1 or 0. A run that found no face writes
+  the header only. Files written before the score existed (no score and is_face columns)
+  read as well."""
 
 from __future__ import annotations
 
@@ -24,31 +28,43 @@ from pipeline.core.errors import PipelineError
 from pipeline.core.io import input_file, read_csv_rows, write_bytes, write_csv
 
 FIXED = ("image", "face", "box_left", "box_top", "box_width", "box_height")
+SCORED = ("score", "is_face")
 JSON_KEYS = ("image", "width", "height", "detector", "schema", "names", "checkpoints", "tta", "n_faces", "faces")
 FACE_KEYS = ("box", "detector_box", "points")
 
 
-def header(k: int) -> list[str]:
-    return [*FIXED, *[f"{c}{i}" for i in range(k) for c in ("x", "y")]]
+def header(k: int, scored: bool = True) -> list[str]:
+    return [*FIXED, *(SCORED if scored else ()), *[f"{c}{i}" for i in range(k) for c in ("x", "y")]]
+
+
+def _score(v: Any) -> float | None:
+    """A score for the files: None (JSON null, an empty CSV cell) when there is none."""
+    return None if v is None or not np.isfinite(float(v)) else round(float(v), 4)
 
 
 # ------------------------------------------------------------------ keypoints.csv
 
-def write_photo_keypoints_csv(path: str | os.PathLike, photos: Iterable[tuple[str, Any, Any]], k: int) -> Path:
-    """One row per face of photos [(image, boxes (F, 4), points (F, K, 2))], written atomically;
-    `k` names the columns when no photo has a face."""
-    rows: list[list] = [header(k)]
-    for image, boxes, points in photos:
-        for j, (b, p) in enumerate(zip(boxes, points)):
+def write_photo_keypoints_csv(path: str | os.PathLike, photos: Iterable[tuple], k: int,
+                              scored: bool = False) -> Path:
+    """One row per face of photos [(image, boxes (F, 4), points (F, K, 2))], or with `scored`
+    [(image, boxes, points, scores (F,), is_face (F,))] and the score and is_face columns,
+    written atomically; `k` names the columns when no photo has a face."""
+    rows: list[list] = [header(k, scored)]
+    for image, boxes, points, *rest in photos:
+        scores, face = rest if scored else ([None] * len(boxes), [True] * len(boxes))
+        for j, (b, p, sc, f) in enumerate(zip(boxes, points, scores, face)):
             p = np.asarray(p).reshape(-1)
             if len(p) != 2 * k:
                 raise ValueError(f"{image} face {j}: {len(p)} coordinates, expected {2 * k}")
-            rows.append([str(image), j, *[f"{v:.2f}" for v in b], *[f"{v:.3f}" for v in p]])
+            sc = _score(sc)
+            extra = ["" if sc is None else f"{sc:.4f}", int(bool(f))] if scored else []
+            rows.append([str(image), j, *[f"{v:.2f}" for v in b], *extra, *[f"{v:.3f}" for v in p]])
     return write_csv(path, rows)
 
 
 def read_photo_keypoints_csv(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """{"image": (N,) str, "face": (N,) int, "box": (N, 4), "points": (N, K, 2)}."""
+    """{"image": (N,) str, "face": (N,) int, "box": (N, 4), "score": (N,) (NaN where none),
+    "is_face": (N,) bool, "points": (N, K, 2)}."""
     path = input_file(path, "photo keypoint CSV not found", "a photo keypoint CSV file")
     rows = read_csv_rows(path)
     if not rows:
@@ -58,26 +74,33 @@ def read_photo_keypoints_csv(path: str | os.PathLike) -> dict[str, np.ndarray]:
     if missing or head[:len(FIXED)] != list(FIXED):
         why = f"missing column(s) {', '.join(missing)}" if missing else "columns out of order"
         raise PipelineError(path, f"{why} (the header must start {','.join(FIXED)},x0,y0,...)")
-    n_coords = len(head) - len(FIXED)
+    scored = tuple(head[len(FIXED):len(FIXED) + len(SCORED)]) == SCORED
+    fixed = len(FIXED) + scored * len(SCORED)
+    n_coords = len(head) - fixed
     if n_coords % 2:
         raise PipelineError(path, f"{n_coords} coordinate columns, expected an x and a y column per keypoint")
     k = n_coords // 2
-    want = header(k)
+    want = header(k, scored)
     bad = next((i for i, (a, b) in enumerate(zip(head, want)) if a != b), None)
     if bad is not None:
         raise PipelineError(path, f"column {bad + 1} is '{head[bad]}', expected '{want[bad]}'")
-    images, faces, values = [], [], []
+    images, faces, values, flags = [], [], [], []
     for line, r in enumerate(rows[1:], 2):
         where = f"line {line}"
         if len(r) != len(want):
-            got = max(len(r) - len(FIXED), 0)
+            got = max(len(r) - fixed, 0)
             raise PipelineError(path, f"{got} coordinates, expected {2 * k} (x, y of {k} keypoints)", where)
         try:
             face = int(r[1])
         except ValueError:
             raise PipelineError(path, f"face={r[1]!r} is not a face number", where) from None
+        if scored and r[len(FIXED) + 1] not in ("0", "1"):
+            raise PipelineError(path, f"is_face={r[len(FIXED) + 1]!r} is not 0 or 1", where)
         nums = []
         for name, v in zip(want[2:], r[2:]):
+            if name == "is_face" or (name == "score" and v == ""):
+                nums.append(np.nan if name == "score" else 0.0)
+                continue
             try:
                 nums.append(float(v))
             except ValueError:
@@ -85,22 +108,32 @@ def read_photo_keypoints_csv(path: str | os.PathLike) -> dict[str, np.ndarray]:
         images.append(r[0])
         faces.append(face)
         values.append(nums)
-    data = np.array(values, dtype=np.float64).reshape(-1, 4 + 2 * k)
+        flags.append(not scored or r[len(FIXED) + 1] == "1")
+    data = np.array(values, dtype=np.float64).reshape(-1, fixed - 2 + 2 * k)
+    coords = data[:, fixed - 2:]
     return {"image": np.array(images, dtype=str), "face": np.array(faces, dtype=np.int64), "box": data[:, :4],
-            "points": data[:, 4:].reshape(-1, k, 2)}
+            "score": data[:, 4] if scored else np.full(len(data), np.nan), "is_face": np.array(flags, dtype=bool),
+            "points": coords.reshape(-1, k, 2)}
 
 
 # ------------------------------------------------------------------ <stem>_keypoints.json
 
 def photo_record(image: str, width: int, height: int, *, detector: str, schema: str, names: Sequence[str],
-                 checkpoints: Sequence[Any], tta: str, boxes, detector_boxes, points) -> dict:
+                 checkpoints: Sequence[Any], tta: str, boxes, detector_boxes, points, scores=None, is_face=None,
+                 presence_threshold: float | None = None) -> dict:
     """The JSON content of one photo: boxes (F, 4) and detector_boxes (F, 4) rounded to
-    0.01 px, points (F, K, 2) to 0.001 px."""
+    0.01 px, points (F, K, 2) to 0.001 px; with `scores` (F,) (NaN: none) also each face's
+    score (0.0001) and is_face (F,) (None: all faces), and the presence_threshold."""
     faces = [{"box": [round(float(v), 2) for v in b], "detector_box": [round(float(v), 2) for v in h],
               "points": np.round(p, 3).tolist()} for b, h, p in zip(boxes, detector_boxes, points)]
-    return {"image": str(image), "width": int(width), "height": int(height), "detector": detector,
-            "schema": schema, "names": list(names), "checkpoints": [str(c) for c in checkpoints], "tta": tta,
-            "n_faces": len(faces), "faces": faces}
+    record = {"image": str(image), "width": int(width), "height": int(height), "detector": detector,
+              "schema": schema, "names": list(names), "checkpoints": [str(c) for c in checkpoints], "tta": tta}
+    if scores is not None:
+        flags = [True] * len(faces) if is_face is None else is_face
+        faces = [{**{k: v for k, v in f.items() if k != "points"}, "score": _score(sc), "is_face": bool(ok),
+                  "points": f["points"]} for f, sc, ok in zip(faces, scores, flags)]
+        record["presence_threshold"] = _score(presence_threshold)
+    return {**record, "n_faces": len(faces), "faces": faces}
 
 
 def write_photo_json(path: str | os.PathLike, record: dict) -> Path:
@@ -140,6 +173,10 @@ def read_photo_json(path: str | os.PathLike) -> dict:
             raise PipelineError(path, f"a face needs the keys {', '.join(FACE_KEYS)}", where)
         _numbers(face["box"], 4, path, where, "box")
         _numbers(face["detector_box"], 4, path, where, "detector_box")
+        if face.get("score") is not None:
+            _numbers([face["score"]], 1, path, where, "score")
+        if not isinstance(face.get("is_face", True), bool):
+            raise PipelineError(path, f"is_face is {face['is_face']!r}, expected true or false", where)
         points = face["points"]
         if not isinstance(points, list) or len(points) != len(names):
             got = len(points) if isinstance(points, list) else type(points).__name__

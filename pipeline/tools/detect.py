@@ -3,7 +3,9 @@ the best installed face detector (pipeline/detection/detectors.py: MTCNN, dlib H
 cascade, pipeline/detection/haar.py), each detector box is converted to the box convention the
 models were trained with, and then the checkpoints' `Landmarker` (pipeline/inference/landmarker.py:
 each checkpoint's stamped crop geometry, TTA, the ensemble) predicts the faces of several photos
-in one batch. Inputs may be files, folders or glob patterns."""
+in one batch. What the models score below their face-presence threshold
+(pipeline/inference/presence.py) is no face: left out, or kept and marked with --keep-all.
+Inputs may be files, folders or glob patterns."""
 
 from __future__ import annotations
 
@@ -25,14 +27,17 @@ from pipeline.formats.images import write_png
 from pipeline.formats.photo_keypoints import photo_record, write_photo_json, write_photo_keypoints_csv
 from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.options import model_options
+from pipeline.inference.presence import is_face, select_faces
 from pipeline.keypoints.draw import draw_faces
 
 log = logging.getLogger(__name__)
 
 
-def annotate(image: np.ndarray, boxes: np.ndarray, points: np.ndarray, schema) -> np.ndarray:
-    """The photo with each face's box and keypoints (coloured by part), labelled 0, 1, ..."""
-    return draw_faces(image, [(j, box, pts) for j, (box, pts) in enumerate(zip(boxes, points))], schema)
+def annotate(image: np.ndarray, boxes: np.ndarray, points: np.ndarray, schema, ids=None) -> np.ndarray:
+    """The photo with each face's box and keypoints (coloured by part), labelled with `ids`
+    (default 0, 1, ...: the faces' numbers in the JSON and CSV)."""
+    ids = range(len(boxes)) if ids is None else ids
+    return draw_faces(image, [(j, box, pts) for j, box, pts in zip(ids, boxes, points)], schema)
 
 
 IMAGE_SUFFIXES = {".jpg", ".jpeg", ".png", ".bmp", ".tif", ".tiff", ".webp", ".pgm", ".ppm", ".pbm", ".jp2"}
@@ -63,10 +68,13 @@ def expand_inputs(args: Sequence[str]) -> list[Path]:
 
 def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir: str, tta: str = "flip",
                       write_csv: bool = False, max_faces: int = 0, device_name: str = "auto",
-                      backend: str = "torch", detector: str = "auto", batch_size: int = 64) -> list[dict]:
+                      backend: str = "torch", detector: str = "auto", batch_size: int = 64,
+                      keep_all: bool = False) -> list[dict]:
     """Photos, folders or glob patterns -> keypoints of every face found. The faces of
     several photos go through the model together (batch_size faces); a photo that cannot be
-    read is skipped with a warning, and the run fails only when none could be read."""
+    read is skipped with a warning, and the run fails only when none could be read. A
+    detection the models score below their presence threshold is no face: left out, or with
+    `keep_all` kept and marked (is_face false); max_faces counts faces only."""
 
     paths = expand_inputs(photos)
     if not paths:
@@ -79,23 +87,32 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
     results, per_photo, stems, failed = [], [], set(), []
     pending: list[tuple[Path, np.ndarray, np.ndarray, np.ndarray]] = []
 
+    threshold = landmarker.presence_threshold
+
     def flush() -> None:
-        preds = landmarker.predict_batch([image for _, image, _, _ in pending], [boxes for _, _, boxes, _ in pending])
-        for (photo, image, boxes, raw), pts in zip(pending, preds):
-            results.append(_write_photo(photo, image, boxes, raw, pts))
+        preds = landmarker.predict_batch_scored([image for _, image, _, _ in pending],
+                                                [boxes for _, _, boxes, _ in pending])
+        for (photo, image, boxes, raw), (pts, scores) in zip(pending, preds):
+            keep, face = select_faces(scores, threshold, max_faces, keep_all)
+            non = int((~is_face(scores, threshold)).sum())
+            if non:
+                log.info("%s: %d detection(s) scored below the presence threshold %.3f: not faces%s", photo, non,
+                         threshold, ", marked" if keep_all else " (left out; --keep-all keeps them, marked)")
+            results.append(_write_photo(photo, image, boxes[keep], raw[keep], pts[keep], scores[keep], face))
         pending.clear()
 
-    def _write_photo(photo: Path, image, boxes, raw, pts) -> dict:
+    def _write_photo(photo: Path, image, boxes, raw, pts, scores, face) -> dict:
         stem = photo.stem
         if stem in stems:  # two photos of one name from different folders
             stem = next(f"{stem}-{i}" for i in range(2, len(paths) + 2) if f"{stem}-{i}" not in stems)
         stems.add(stem)
-        write_png(out / f"{stem}_keypoints.png", annotate(image, boxes, pts, schema))
+        write_png(out / f"{stem}_keypoints.png", annotate(image, boxes[face], pts[face], schema, np.flatnonzero(face)))
         res = photo_record(str(photo), image.shape[1], image.shape[0], detector=found.description,
                            schema=schema.name, names=schema.names, checkpoints=checkpoints, tta=tta,
-                           boxes=boxes, detector_boxes=raw, points=pts)
+                           boxes=boxes, detector_boxes=raw, points=pts, scores=scores, is_face=face,
+                           presence_threshold=threshold)
         write_photo_json(out / f"{stem}_keypoints.json", res)
-        per_photo.append((str(photo), boxes, pts))
+        per_photo.append((str(photo), boxes, pts, scores, face))
         log.info("%s: %d face(s) -> %s", photo, res["n_faces"], out / f"{stem}_keypoints.png")
         return res
 
@@ -108,7 +125,7 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
             log.warning("%s (skipped)", e.format())
             failed.append(e)
             continue
-        boxes, raw = landmarker.detect(image, max_faces)
+        boxes, raw = landmarker.detect(image, 0)  # all: a non-face must not take a face's place
         if not len(boxes):
             log.warning("%s: no face found", photo)
         pending.append((photo, image, boxes, raw))
@@ -120,7 +137,7 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
     if failed:
         log.warning("%d of %d images could not be read and were skipped", len(failed), len(paths))
     if write_csv:
-        write_photo_keypoints_csv(out / "keypoints.csv", per_photo, schema.k)
+        write_photo_keypoints_csv(out / "keypoints.csv", per_photo, schema.k, scored=True)
     return results
 
 
@@ -135,12 +152,18 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
               help="face detector (auto: the first installed of mtcnn, dlib, haar)")
 @click.option("--batch-size", default=64, show_default=True, type=click.IntRange(min=1),
               help="faces per model call, across photos")
-def predict_image_cmd(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector, batch_size):
-    """Keypoints for any photo: face detection, then crop -> model -> photo pixels.
+@click.option("--keep-all", is_flag=True,
+              help="keep the detections the models score as no face, marked is_face false (not drawn)")
+def predict_image_cmd(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector, batch_size,
+                      keep_all):
+    """Keypoints for any photo: face detection, then crop -> model -> photo pixels; what
+    the models score as no face (their face-presence threshold) is left out.
     PHOTOS: image files, folders (their image files) or glob patterns ('faces/*.jpg').
     Writes <stem>_keypoints.png and <stem>_keypoints.json per photo (and with --csv one
-    keypoints.csv for all); unreadable photos are skipped with a warning."""
+    keypoints.csv for all), each face with its presence score; unreadable photos are
+    skipped with a warning."""
     check_output(out_dir, folder=True)
     for r in run_predict_image(photos, checkpoints, out_dir, tta, write_csv, max_faces, device, backend, detector,
-                               batch_size):
-        click.echo(f"{r['image']}: {r['n_faces']} face(s)")
+                               batch_size, keep_all):
+        marked = sum(not f["is_face"] for f in r["faces"])
+        click.echo(f"{r['image']}: {r['n_faces'] - marked} face(s)" + (f", {marked} marked no face" if marked else ""))
