@@ -33,6 +33,7 @@ COMMANDS = {
     "predict-image": "pipeline.tools.detect:predict_image_cmd",
     "morph": "pipeline.tools.morph:morph_cmd",
     "predict-video": "pipeline.tools.video:predict_video_cmd",
+    "calibrate-presence": "pipeline.tools.presence_calibration:calibrate_presence_cmd",
     "make-test-video": "pipeline.tools.video:make_test_video_cmd",
     "video-stats": "pipeline.tools.video:video_stats_cmd",
     "gpu-check": "pipeline.tools.gpu_check:gpu_check_cmd",

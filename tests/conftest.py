@@ -147,3 +147,41 @@ def viz_ws(tiny_workspace, demo_dir, tmp_path_factory):
                                      "schema": IBUG68.to_dict(), "config": cfg.model_dump(), "best_mae": 0.0})
     return {"cache": ws / "cache", "pred": out / "pred", "ckpt": ckpt_path, "reg": out / "reg.pt",
             "data": demo_dir, "n_val": len(val)}
+
+
+# ------------------------------------------------------------------ a model whose maps mean something
+
+@pytest.fixture(scope="session")
+def face_model(tmp_path_factory) -> dict:
+    """A resunet-tiny trained long enough on a demo set for its heatmaps to tell faces from
+    non-faces (the 1-epoch models above are flat everywhere), calibrated by
+    `pipeline calibrate-presence` on its held-out fold: {"ckpt": the calibrated checkpoint,
+    "raw": the same model uncalibrated, "calibration": the command's result, "demo", "cache",
+    "folds"}."""
+    import pandas as pd
+
+    from pipeline.stages.crop import run_crop
+    from pipeline.stages.folds import make_folds
+    from pipeline.stages.train import fit
+    from pipeline.synth.layout import generate_demo
+    from pipeline.tools.presence_calibration import run_calibrate_presence
+
+    root = tmp_path_factory.mktemp("facemodel")
+    demo = generate_demo(root / "demo", n_train=FACE_MODEL["faces"], n_test=2, seed=7)
+    sets = [f"data.dir={demo}", f"crop.side={FACE_MODEL['side']}", "crop.n_jobs=1",
+            f"model.input_size={FACE_MODEL['side']}", f"train.epochs={FACE_MODEL['epochs']}", "train.batch_size=16",
+            "train.device=cpu", "folds.k=2", "folds.train=[0,1]"]
+    cfg = load_config(None, sets)
+    run_crop(cfg, root / "cache")
+    meta = pd.read_csv(root / "cache" / "train" / "meta.csv")
+    pd.DataFrame({"index": meta["index"], "face_id": meta["face_id"], "group": meta["group"],
+                  "fold": make_folds(meta["group"], 2, 0)}).to_csv(root / "folds.csv", index=False)
+    fit(cfg, 0, root / "cache", root / "folds.csv", root / "models", resume=False)
+    raw = root / "models" / "fold0" / "best.pt"
+    (calibration,) = run_calibrate_presence(cfg, [str(raw)], root / "cache", root / "folds.csv",
+                                            out=str(root / "calibrated.pt"))
+    return {"ckpt": root / "calibrated.pt", "raw": raw, "calibration": calibration, "demo": demo,
+            "cache": root / "cache", "folds": root / "folds.csv", "sets": sets}
+
+
+FACE_MODEL = {"faces": 120, "side": 64, "epochs": 80}

@@ -1,0 +1,93 @@
+"""`pipeline calibrate-presence` and the face-presence score where a box is trusted:
+predict-image leaves a false detection out, every backend gives one answer."""
+
+import json
+
+import numpy as np
+import pytest
+
+from pipeline.detection.haar import cascade_available
+from pipeline.formats.checkpoint import load_checkpoint
+from pipeline.formats.photo_keypoints import read_photo_json, read_photo_keypoints_csv
+from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.onnx_runtime import onnx_available
+from pipeline.synth.moving_face import source_face
+
+from helpers import run, run_cli
+
+
+def test_the_score_separates_held_out_faces_from_non_face_crops(face_model, capsys):
+    stamp = face_model["calibration"]["stamp"]
+    # faces the model never trained on (fold 0) against crops of the same photos
+    assert stamp["fold"] == 0 and stamp["faces"] >= 50 and stamp["non_faces"] >= 6 * stamp["faces"]
+    assert stamp["auc"] >= 0.95, face_model["calibration"]["by_kind"]
+    assert stamp["faces_kept"] >= 0.9 and stamp["non_faces_dropped"] >= 0.9
+    by_kind = face_model["calibration"]["by_kind"]
+    assert set(by_kind) == {"face", "shifted", "part", "wide", "background"}
+    assert all(v["auc"] >= 0.8 for k, v in by_kind.items() if k != "face"), by_kind
+    # the threshold travels in the checkpoint (written to --out; the original is untouched)
+    assert load_checkpoint(face_model["ckpt"])["presence"] == stamp
+    assert "presence" not in load_checkpoint(face_model["raw"])
+    landmarker = Landmarker.from_checkpoints([face_model["ckpt"]], device="cpu")
+    assert landmarker.presence_threshold == stamp["threshold"] and landmarker.presence[0]["calibrated"]
+    assert not Landmarker.from_checkpoints([face_model["raw"]], device="cpu").presence[0]["calibrated"]
+    # --out names one checkpoint
+    code, _, err = run_cli(["calibrate-presence", face_model["raw"], face_model["raw"], "--out", "x.pt"], capsys)
+    assert code == 2 and "--out writes one checkpoint" in err
+
+
+def _photo_with_a_wall():
+    """A rendered face the model never saw, its box, and a box of the same size on the
+    photo's background as far from the face as the photo allows."""
+    image, box, _ = source_face(seed=0)
+    h, w = image.shape[:2]
+    side = float(max(box[2], box[3]))
+    corners = [(0.0, 0.0), (w - side, 0.0), (0.0, h - side), (w - side, h - side)]
+    cx, cy = box[0] + box[2] / 2, box[1] + box[3] / 2
+    x, y = max(corners, key=lambda c: (c[0] + side / 2 - cx) ** 2 + (c[1] + side / 2 - cy) ** 2)
+    return image, box, np.array([x, y, side * 1.05, side * 1.05])  # a little larger: the detector lists it first
+
+
+@pytest.mark.skipif(not cascade_available(), reason="this OpenCV has no Haar cascade (OpenCV 5)")
+def test_predict_image_leaves_out_a_false_detection_or_marks_it_with_keep_all(face_model, tmp_path, monkeypatch):
+    import cv2
+
+    image, box, wall = _photo_with_a_wall()
+    photo = tmp_path / "face.png"
+    cv2.imwrite(str(photo), cv2.cvtColor(image, cv2.COLOR_RGB2BGR))
+    both = np.stack([wall, box])  # the detector's boxes, largest first: the wall, then the face
+    monkeypatch.setattr(Landmarker, "detect", lambda self, im, max_faces=0: (both, both))
+    out = tmp_path / "out"
+    assert run(["predict-image", photo, "--checkpoint", face_model["ckpt"], "--out-dir", out, "--csv",
+                "--detector", "haar", "--max-faces", "1"]) == 0
+    res = read_photo_json(out / "face_keypoints.json")
+    assert res["n_faces"] == 1 and res["faces"][0]["box"] == [round(float(v), 2) for v in box]
+    threshold = res["presence_threshold"]
+    assert threshold == pytest.approx(face_model["calibration"]["stamp"]["threshold"], abs=1e-4)
+    assert res["faces"][0]["is_face"] and res["faces"][0]["score"] >= threshold
+    table = read_photo_keypoints_csv(out / "keypoints.csv")
+    assert table["is_face"].tolist() == [True] and table["score"][0] == res["faces"][0]["score"]
+    # --keep-all: both, in the detector's order, the wall marked and scored below the threshold
+    assert run(["predict-image", photo, "--checkpoint", face_model["ckpt"], "--out-dir", out, "--csv",
+                "--detector", "haar", "--keep-all"]) == 0
+    res = json.loads((out / "face_keypoints.json").read_text())
+    assert [f["is_face"] for f in res["faces"]] == [False, True]
+    assert res["faces"][0]["score"] < threshold <= res["faces"][1]["score"]
+    assert read_photo_keypoints_csv(out / "keypoints.csv")["is_face"].tolist() == [False, True]
+    # the Python API says the same
+    faces = Landmarker.from_checkpoints([face_model["ckpt"]], device="cpu").faces(image, both, keep_all=True)
+    assert faces.is_face.tolist() == [False, True]
+    np.testing.assert_allclose(faces.scores, [f["score"] for f in res["faces"]], atol=1e-4)
+
+
+@pytest.mark.skipif(not onnx_available(), reason="onnxruntime not installed")
+def test_the_exported_model_carries_the_threshold_and_gives_the_same_scores(face_model, tmp_path):
+    image, box, wall = _photo_with_a_wall()
+    onnx = tmp_path / "m.onnx"
+    assert run(["export", face_model["ckpt"], "--out", onnx, "--no-verify"]) == 0
+    assert json.loads(onnx.with_suffix(".json").read_text())["presence"] == face_model["calibration"]["stamp"]
+    boxes = np.stack([wall, box])
+    a = Landmarker.from_checkpoints([face_model["ckpt"]], device="cpu").faces(image, boxes, keep_all=True)
+    b = Landmarker.from_checkpoints([onnx], device="cpu").faces(image, boxes, keep_all=True)
+    np.testing.assert_allclose(b.scores, a.scores, atol=1e-4)
+    assert b.is_face.tolist() == a.is_face.tolist() == [False, True]
