@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
@@ -13,10 +13,11 @@ import torch
 from pipeline.core.params_schema import Config
 from pipeline.detection.detectors import dlib_rect
 from pipeline.formats.annotations import crop_faces, load_xml
-from pipeline.formats.checkpoint import checkpoint_crop
+from pipeline.formats.checkpoint import PRESENCE_RADIUS, checkpoint_crop
 from pipeline.formats.onnx_export import onnx_bytes
 from pipeline.inference.onnx_runtime import OnnxModel, onnx_available
 from pipeline.inference.predictor import prepare_torch
+from pipeline.inference.presence import scorer
 from pipeline.inference.tta import predict_crops
 from pipeline.keypoints.schema import get_schema
 from pipeline.tools.bench.references import dlib_or_skip
@@ -29,7 +30,8 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
                  backends: Sequence[str] = ("torch-eager", "torch", "onnx", "onnx-int8")) -> dict[str, Any]:
     """One face at a time on one core (batch 1, 1 thread), the full per-face path of
     `predict_crops` (uint8 crop -> resize, normalise -> network -> crop px), plain and flip
-    TTA, for: the eager model as trained (torch-eager), the torch backend (BatchNorm folded,
+    TTA, and flip TTA with the face-presence score (pipeline/inference/presence.py: "scored",
+    heatmap models), for: the eager model as trained (torch-eager), the torch backend (BatchNorm folded,
     channels_last), onnxruntime (in-memory export of the same weights; skipped when not
     installed) and onnxruntime int8 (`export --int8`, calibrated here on the timed crops:
     a speed figure; its accuracy comes from scoring an exported model in the accuracy
@@ -63,9 +65,14 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
                 if name == "onnx-int8":
                     data = quantize_int8(data, network_inputs(faces, size, chans))
                 runner = OnnxModel(data, model_config, threads=1)
-            for tta, p in (("plain", None), ("flip", perm)):
-                methods[f"{name}/{tta}"] = (lambda i, r=runner, p=p: predict_crops(
-                    r, faces[i:i + 1], input_size=size, in_chans=chans, flip_perm=p, batch_size=1, device=cpu))
+            views: list[tuple[str, list[int] | None, Callable[..., torch.Tensor] | None]] = [
+                ("plain", None, None), ("flip", perm, None)]
+            if hasattr(runner, "forward_maps"):  # flip TTA with the face-presence score
+                views.append(("scored", perm, scorer(PRESENCE_RADIUS)))
+            for tta, p, score in views:
+                methods[f"{name}/{tta}"] = (lambda i, r=runner, p=p, score=score: predict_crops(
+                    r, faces[i:i + 1], input_size=size, in_chans=chans, flip_perm=p, batch_size=1, device=cpu,
+                    presence=score))
         dlib, predictor = dlib_or_skip(out) if use_dlib else (None, None)
         if predictor is not None:
             s = faces.shape[1]

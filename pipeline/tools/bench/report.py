@@ -72,7 +72,8 @@ def format_batch1(b1: dict[str, Any] | None, model: str | None) -> list[str]:
     lines = [f"one face at a time, one core (batch 1, 1 thread; {model}; {b1['faces']} crops of "
              f"{b1['crop_size']} px -> input {b1['input_size']} px; best of {b1['rounds']} alternating rounds): "
              "faces/s" + (", x dlib" if ref else ""),
-             f"{'backend':<40} {'plain':>9} {'flip TTA':>9}" + (f" {'plain/dlib':>10} {'flip/dlib':>10}" if ref else "")]
+             f"{'backend':<40} {'plain':>9} {'flip TTA':>9} {'+ score':>9} {'score ms':>8}"
+             + (f" {'plain/dlib':>10} {'flip/dlib':>10}" if ref else "")]
     for name in ("torch-eager", "torch", "onnx", "onnx-int8"):
         r = b1.get(name)
         if r is None:
@@ -80,7 +81,9 @@ def format_batch1(b1: dict[str, Any] | None, model: str | None) -> list[str]:
         if "skipped" in r:
             lines.append(f"{name:<40} skipped: {r['skipped']}")
             continue
-        row = f"{name:<40} {r['plain']:>9.1f} {r['flip']:>9.1f}"
+        scored = r.get("scored", float("nan"))  # flip TTA and the presence score; ms: its cost per face
+        row = (f"{name:<40} {r['plain']:>9.1f} {r['flip']:>9.1f} {scored:>9.1f} "
+               f"{1000 * (1 / scored - 1 / r['flip']):>8.3f}")
         if ref:
             row += f" {r['plain'] / ref:>10.2f} {r['flip'] / ref:>10.2f}"
         lines.append(row)
