@@ -28,13 +28,19 @@ FALLBACK_FPS = 25.0  # for files that declare no frame rate
 def open_video(path: str | os.PathLike) -> tuple[cv2.VideoCapture, float, int]:
     """(capture, frames per second, declared frame count (0 when unknown)) of a readable video."""
     path = input_file(path, "video file not found", "a video file")
-    cap = cv2.VideoCapture(str(path))
+    return _opened(cv2.VideoCapture(str(path)), path,
+                   "cannot open as a video (not a video file, or a codec OpenCV cannot decode)")
+
+
+def _opened(cap: cv2.VideoCapture, src, problem: str) -> tuple[cv2.VideoCapture, float, int]:
+    """(cap, frames per second (FALLBACK_FPS when `src` declares none), declared frame count
+    (0 when unknown)) of an opened capture; `problem` blamed on `src` when it did not open."""
     if not cap.isOpened():
         cap.release()
-        raise PipelineError(path, "cannot open as a video (not a video file, or a codec OpenCV cannot decode)")
+        raise PipelineError(src, problem)
     fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
     if not math.isfinite(fps) or fps <= 0:
-        log.warning("%s declares no frame rate: assuming %g fps", path, FALLBACK_FPS)
+        log.warning("%s declares no frame rate: assuming %g fps", src, FALLBACK_FPS)
         fps = FALLBACK_FPS
     n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
     return cap, fps, max(n, 0)
@@ -60,17 +66,8 @@ def open_capture(src: str | int | os.PathLike) -> tuple[cv2.VideoCapture, float,
     live = capture_source(src)
     if live is None:
         return open_video(src)  # type: ignore[arg-type]  # not an int: capture_source returns ints
-    cap = cv2.VideoCapture(live)
-    if not cap.isOpened():
-        cap.release()
-        what = f"camera {live}" if isinstance(live, int) else "the stream"
-        raise PipelineError(str(src), f"cannot open {what} (OpenCV's capture found no such source)")
-    fps = float(cap.get(cv2.CAP_PROP_FPS) or 0.0)
-    if not math.isfinite(fps) or fps <= 0:
-        log.warning("%s declares no frame rate: assuming %g fps", src, FALLBACK_FPS)
-        fps = FALLBACK_FPS
-    n = int(cap.get(cv2.CAP_PROP_FRAME_COUNT) or 0)
-    return cap, fps, max(n, 0)
+    what = f"camera {live}" if isinstance(live, int) else "the stream"
+    return _opened(cv2.VideoCapture(live), str(src), f"cannot open {what} (OpenCV's capture found no such source)")
 
 
 def frames_of(cap: cv2.VideoCapture) -> Iterator[np.ndarray]:

@@ -275,15 +275,21 @@ class Landmarker:
                       boxes_list: Sequence[np.ndarray] | None = None, max_faces: int = 0) -> list[np.ndarray]:
         """`predict` for several photos at once: the faces of all go through each model in
         batches of batch_size. Returns one (M_i, K, 2) array per photo."""
+        counts, crop = self._faces_of(images, boxes_list, max_faces)
+        if not sum(counts):
+            return [np.zeros((0, self.schema.k, 2)) for _ in counts]
+        return np.split(self.predict_faces(crop), np.cumsum(counts)[:-1])
+
+    def _faces_of(self, images: Sequence[np.ndarray | str | os.PathLike],
+                  boxes_list: Sequence[np.ndarray] | None, max_faces: int) -> tuple[list[int], CropFn]:
+        """The faces of several photos (their boxes, or the detector's): the number in each
+        photo, and the `crop(size, expand)` that cuts all of them, in order."""
         photos = [as_photo(im, "image" if len(images) == 1 else f"images[{i}]") for i, im in enumerate(images)]
         if boxes_list is None:
             boxes_list = [self.detect(im, max_faces)[0] for im in photos]
         if len(boxes_list) != len(photos):
             raise PipelineError(None, f"{len(photos)} images but {len(boxes_list)} box arrays")
         boxes_list = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes_list]
-        counts = [len(b) for b in boxes_list]
-        if not sum(counts):
-            return [np.zeros((0, self.schema.k, 2)) for _ in photos]
         photo_of = [im for im, boxes in zip(photos, boxes_list) for _ in boxes]  # the photo of every face
         all_boxes = [b for boxes in boxes_list for b in boxes]
 
@@ -291,7 +297,7 @@ class Landmarker:
             faces, a = zip(*(crop_face(im, b, expand, size) for im, b in zip(photo_of, all_boxes)))
             return np.stack(faces), np.stack(a)
 
-        return np.split(self.predict_faces(crop), np.cumsum(counts)[:-1])
+        return [len(b) for b in boxes_list], crop
 
     def predict_xml(self, xml_path: str | os.PathLike, n_jobs: int = 1) -> np.ndarray:
         """Keypoints (N, K, 2) of every face of a competition-format XML (its boxes), cropped
@@ -342,22 +348,9 @@ class Landmarker:
                              max_faces: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
         """`predict_batch` with each face's presence score: [(points (M_i, K, 2), scores (M_i,))]
         per photo; every face is kept, whatever its score (`faces_batch` gates them)."""
-        photos = [as_photo(im, "image" if len(images) == 1 else f"images[{i}]") for i, im in enumerate(images)]
-        if boxes_list is None:
-            boxes_list = [self.detect(im, max_faces)[0] for im in photos]
-        if len(boxes_list) != len(photos):
-            raise PipelineError(None, f"{len(photos)} images but {len(boxes_list)} box arrays")
-        boxes_list = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes_list]
-        counts = [len(b) for b in boxes_list]
+        counts, crop = self._faces_of(images, boxes_list, max_faces)
         if not sum(counts):
-            return [(np.zeros((0, self.schema.k, 2)), np.zeros(0)) for _ in photos]
-        photo_of = [im for im, boxes in zip(photos, boxes_list) for _ in boxes]
-        all_boxes = [b for boxes in boxes_list for b in boxes]
-
-        def crop(size: int, expand: float) -> tuple[np.ndarray, np.ndarray]:
-            faces, a = zip(*(crop_face(im, b, expand, size) for im, b in zip(photo_of, all_boxes)))
-            return np.stack(faces), np.stack(a)
-
+            return [(np.zeros((0, self.schema.k, 2)), np.zeros(0)) for _ in counts]
         points, scores = self.predict_faces_scored(crop)
         cut = np.cumsum(counts)[:-1]
         return list(zip(np.split(points, cut), np.split(scores, cut)))
