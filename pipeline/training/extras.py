@@ -17,27 +17,13 @@ import pandas as pd
 from pipeline.core.errors import PipelineError
 from pipeline.core.params_schema import Config
 from pipeline.core.paths import EXTRA_DIR
-from pipeline.formats.cache import CACHE_MARKER, Cache, extra_crop_params, load_cache, read_info, read_photos
+from pipeline.formats.cache import CACHE_MARKER, Cache, extra_crop_params, load_cache, read_photos
 
 log = logging.getLogger(__name__)
 
 
 def _rerun(name: str) -> str:
     return f"run `dvc repro`, or `pipeline crop-extra {name}`"
-
-
-def _info(extra_root: str | os.PathLike, name: str) -> dict:
-    split = Path(extra_root) / name
-    if not (split / CACHE_MARKER).exists():
-        raise PipelineError(split, f"no face cache of data.extra_train.{name} ({_rerun(name)})")
-    return read_info(split)[0]
-
-
-def extra_runs(cfg: Config, extra_root: str | os.PathLike = EXTRA_DIR) -> dict[str, str]:
-    """{name: crop run id} of data.extra_train's caches, in the params' order ({} without
-    extras, nothing read): the extra faces' data identity. A missing cache is a one-line
-    error."""
-    return {name: str(_info(extra_root, name).get("run")) for name in cfg.data.extra_train}
 
 
 def _json(obj) -> str:
@@ -71,11 +57,12 @@ def load_extras(cfg: Config, main: Cache, extra_root: str | os.PathLike = EXTRA_
     seen: dict[str, tuple[str, Path]] = {}  # sha256 -> (extra, photo)
     for name, folder in cfg.data.extra_train.items():
         split = Path(extra_root) / name
-        info = _info(extra_root, name)
-        why = _stale(info, folder, cfg, main)
+        if not (split / CACHE_MARKER).exists():
+            raise PipelineError(split, f"no face cache of data.extra_train.{name} ({_rerun(name)})")
+        cache = load_cache(split)
+        why = _stale(cache.info, folder, cfg, main)
         if why:
             raise PipelineError(split, f"stale face cache of data.extra_train.{name}: {why} ({_rerun(name)})")
-        cache = load_cache(split)
         if cache.keypoints is None:
             raise PipelineError(split, "extra face cache has no keypoints")
         photos = read_photos(split)
