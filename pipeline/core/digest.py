@@ -14,7 +14,7 @@ import tokenize
 from pathlib import Path
 from typing import Iterable
 
-from pipeline.core.io import input_file
+from pipeline.core.errors import PipelineError
 
 # the folder holding the `pipeline` package (its modules are read as files, never imported)
 ROOT = Path(__file__).resolve().parents[2]
@@ -27,13 +27,20 @@ WHOLE_FOLDERS = ("pipeline/models",)
 _CHUNK = 1 << 20
 
 
-def file_sha256(path: str | os.PathLike) -> str:
-    """The sha256 of a file's bytes (a missing file is a one-line error naming it)."""
-    path = input_file(path, "file not found", "a file")
+def file_sha256(path: str | os.PathLike, missing: str = "file not found", kind: str = "file") -> str:
+    """The sha256 of a file's bytes, read in chunks. A missing file is a one-line error
+    naming it (`missing`, e.g. "image not found"), and so is one that cannot be read, a
+    folder included ("unreadable <kind> (<reason>)")."""
+    path = Path(path)
     h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(_CHUNK):
-            h.update(chunk)
+    try:
+        with open(path, "rb") as f:
+            while chunk := f.read(_CHUNK):
+                h.update(chunk)
+    except FileNotFoundError:
+        raise PipelineError(path, missing) from None
+    except OSError as e:
+        raise PipelineError(path, f"unreadable {kind} ({e.strerror or type(e).__name__})") from None
     return h.hexdigest()
 
 

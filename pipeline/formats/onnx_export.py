@@ -25,6 +25,7 @@ from typing import Any
 
 import torch
 
+from pipeline.core.digest import file_sha256
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import input_file
 from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_label_origin, crop_stamp
@@ -40,14 +41,6 @@ REQUIRED = ("format", "onnx_sha256", "model_config", "schema", "crop", "normalis
 def json_path(onnx_path: str | os.PathLike) -> Path:
     """The JSON that describes an exported model: model.onnx -> model.json."""
     return Path(onnx_path).with_suffix(".json")
-
-
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 class _Exportable(torch.nn.Module):
@@ -120,7 +113,7 @@ def export_meta(ckpt: dict[str, Any], onnx_data: bytes, source: str | os.PathLik
         "model_config": model_config,
         "epoch": int(ckpt.get("epoch", 0)),
         "checkpoint": str(src) if src else None,
-        "checkpoint_sha256": sha256_file(src) if src and src.is_file() else None,
+        "checkpoint_sha256": file_sha256(src) if src and src.is_file() else None,
         "torch": torch.__version__,
         **presence,
     }
@@ -141,7 +134,7 @@ def read_export(onnx_path: str | os.PathLike, schema=None) -> dict[str, Any]:
         raise PipelineError(jp, f"not an export JSON (needs keys {', '.join(REQUIRED)})")
     if meta["format"] != FORMAT:
         raise PipelineError(jp, f"export format {meta['format']}, this pipeline reads {FORMAT}: re-export")
-    if sha256_file(onnx_path) != meta["onnx_sha256"]:
+    if file_sha256(onnx_path) != meta["onnx_sha256"]:
         raise PipelineError(onnx_path, f"does not match {jp.name} (sha256 differs): re-export both files")
     if schema is not None:
         check_schema(meta["schema"], schema, onnx_path, "exported model")

@@ -24,9 +24,10 @@ import torch
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from pipeline.core.digest import file_sha256
 from pipeline.core.errors import PipelineError
 from pipeline.formats.checkpoint import load_model
-from pipeline.formats.onnx_export import export_meta, json_path, onnx_bytes, read_export, sha256_file
+from pipeline.formats.onnx_export import export_meta, json_path, onnx_bytes, read_export
 from pipeline.inference.onnx_runtime import OnnxModel, load_onnx, onnx_available
 
 log = logging.getLogger(__name__)
@@ -108,7 +109,7 @@ def load_predictor(path: str | os.PathLike, backend: str | None = "torch", devic
         except PipelineError as e:
             log.warning("ignoring %s (%s)", twin, e.problem)
         else:
-            if meta.get("checkpoint_sha256") == sha256_file(path):
+            if meta.get("checkpoint_sha256") == file_sha256(path, "checkpoint not found", "checkpoint"):
                 log.info("onnx backend: %s (exported from %s)", twin, path.name)
                 return OnnxModel(twin, meta["model_config"], threads), meta
             log.info("%s was exported from another checkpoint: exporting %s again in memory", twin, path.name)

@@ -21,6 +21,7 @@ from pathlib import Path
 import click
 
 from pipeline.core.config import config_options, params_source, result_params, write_resolved
+from pipeline.core.digest import file_sha256
 from pipeline.core.errors import PipelineError
 from pipeline.core.faults import kill_point
 from pipeline.core.io import check_output, check_replaceable, staging_dir
@@ -125,7 +126,8 @@ def run_crop_extra(cfg: Config, name: str, out_dir: str | os.PathLike | None = N
     xml = root / dcfg.train_xml
     faces = load_xml(xml, schema, require_parts=True)
     main_run, main_photos = _main_photos(cfg, Path(cache_dir))
-    photos = {rel: _sha256(safe_image_path(root, rel, xml)) for rel in dict.fromkeys(f.image for f in faces)}
+    photos = {rel: file_sha256(safe_image_path(root, rel, xml), "image not found", "image")
+              for rel in dict.fromkeys(f.image for f in faces)}
     for rel, digest in photos.items():
         if digest in main_photos:
             raise PipelineError(safe_image_path(root, rel, xml), f"the same photo as {main_photos[digest]} of "
@@ -148,15 +150,6 @@ def run_crop_extra(cfg: Config, name: str, out_dir: str | os.PathLike | None = N
     return len(faces)
 
 
-def _sha256(path: Path) -> str:
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except FileNotFoundError:
-        raise PipelineError(path, "image not found") from None
-    except OSError as e:
-        raise PipelineError(path, f"unreadable image ({e.strerror or type(e).__name__})") from None
-
-
 def _main_photos(cfg: Config, cache_dir: Path) -> tuple[str, dict[str, Path]]:
     """(run id of the main crop, {sha256: path} of every photo it cropped, train and test)."""
     info, _ = read_info(cache_dir / "train")
@@ -165,7 +158,7 @@ def _main_photos(cfg: Config, cache_dir: Path) -> tuple[str, dict[str, Path]]:
     for split in ("train", "test"):
         for rel in dict.fromkeys(read_meta(cache_dir / split, columns=("image",))["image"]):
             path = safe_image_path(root, rel, cache_dir / split / "meta.csv")
-            photos.setdefault(_sha256(path), path)
+            photos.setdefault(file_sha256(path, "image not found", "image"), path)
     return str(info.get("run")), photos
 
 

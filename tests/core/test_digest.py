@@ -67,3 +67,25 @@ def test_file_and_folder_digests_change_with_content_and_names(tmp_path):
     assert folder_sha256(d) == h
     (d / "b.csv").rename(d / "c.csv")  # same bytes under another name
     assert folder_sha256(d) != h
+
+
+def test_file_digest_reads_in_chunks_and_names_a_missing_or_unreadable_file(tmp_path):
+    """The one file hash (crop's photos, export's ONNX and checkpoint, training's folds.csv):
+    a file longer than one read chunk hashes as its whole bytes; a missing file and a folder
+    are one-line errors with the caller's words."""
+    import hashlib
+
+    from pipeline.core.digest import _CHUNK, file_sha256
+    from pipeline.core.errors import PipelineError
+
+    big = tmp_path / "big.bin"
+    data = bytes(range(256)) * (_CHUNK // 256 + 3)
+    big.write_bytes(data)
+    assert file_sha256(big) == hashlib.sha256(data).hexdigest()
+    with pytest.raises(PipelineError, match="image not found") as e:
+        file_sha256(tmp_path / "none.jpg", "image not found", "image")
+    assert e.value.path == str(tmp_path / "none.jpg")
+    with pytest.raises(PipelineError, match="file not found"):
+        file_sha256(tmp_path / "none.csv")
+    with pytest.raises(PipelineError, match=r"unreadable image \(Is a directory\)"):
+        file_sha256(tmp_path, "image not found", "image")
