@@ -79,10 +79,17 @@ def pending_folds(cfg: Config, out_root: str | Path = MODELS_DIR, cache_dir: str
     """{fold: epochs already done} for the folds of `folds.train` whose last.pt is missing,
     made from other inputs (params, the cache, the folds file, the extra caches, the code,
     the precision) or not at train.epochs yet: those `pipeline train --resume` would still train."""
-    from pipeline.training.setup import trained_epochs
+    from pipeline.training.setup import current_identity, trained_epochs
 
-    done = {f: trained_epochs(Path(out_root) / f"fold{f}", cfg, cache_dir, folds_path, extra_root)
-            for f in cfg.folds.train}
+    outs = {f: Path(out_root) / f"fold{f}" for f in cfg.folds.train}
+    # the inputs are hashed once for all folds (none depends on the fold), and only when a
+    # fold has a last.pt to compare them with
+    identity = None
+    if any((o / "last.pt").exists() for o in outs.values()):
+        identity = current_identity(cfg, cache_dir, folds_path, extra_root)
+    # without one there is nothing to resume (no last.pt, or inputs the training will refuse)
+    done = {f: 0 if identity is None else trained_epochs(o, cfg, cache_dir, folds_path, extra_root, identity)
+            for f, o in outs.items()}
     return {f: d for f, d in done.items() if d < cfg.train.epochs}
 
 

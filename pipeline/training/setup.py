@@ -285,19 +285,30 @@ def resume_training(setup: TrainSetup, out: Path, schema, fold: int,
     return ck["epoch"], best_mae, history
 
 
-def trained_epochs(out: Path, cfg: Config, cache_dir: str | Path, folds_path: str | Path,
-                   extra_root: str | Path = EXTRA_DIR) -> int:
-    """The epochs `resume_training` would find done in out/last.pt for a run of `cfg` on
-    this cache, folds.csv and extra caches (on this machine: the precision `train.amp`
-    resolves to here): 0 when there is no last.pt, it was made from other inputs, or the
+def current_identity(cfg: Config, cache_dir: str | Path, folds_path: str | Path,
+                     extra_root: str | Path = EXTRA_DIR) -> dict[str, Any] | None:
+    """The `training_identity` a run of `cfg` on this cache, folds.csv and extra caches
+    would have on this machine (the precision `train.amp` resolves to here); None when the
     inputs cannot be read (the training then says why)."""
+    try:
+        amp = amp_dtype(cfg.train.amp, resolve_device(cfg.train.device))
+        return training_identity(cfg, cache_dir, folds_path, amp, extra_root)
+    except (PipelineError, OSError):
+        return None
+
+
+def trained_epochs(out: Path, cfg: Config, cache_dir: str | Path, folds_path: str | Path,
+                   extra_root: str | Path = EXTRA_DIR, identity: dict[str, Any] | None = None) -> int:
+    """The epochs `resume_training` would find done in out/last.pt for a run of `cfg` on
+    this cache, folds.csv and extra caches: 0 when there is no last.pt, it was made from
+    other inputs, or the inputs cannot be read. `identity`: that run's `current_identity`,
+    computed here when not given (a caller asking for several folds computes it once)."""
     last_path = out / "last.pt"
     if not last_path.exists():
         return 0
-    try:
-        amp = amp_dtype(cfg.train.amp, resolve_device(cfg.train.device))
-        identity = training_identity(cfg, cache_dir, folds_path, amp, extra_root)
-    except (PipelineError, OSError):
-        return 0
+    if identity is None:
+        identity = current_identity(cfg, cache_dir, folds_path, extra_root)
+        if identity is None:
+            return 0
     ck = load_checkpoint(last_path, "cpu", None)
     return 0 if identity_mismatch(ck.get("identity"), identity) else int(ck["epoch"])

@@ -36,15 +36,24 @@ def test_waves_share_every_cpu_and_never_exceed_the_jobs():
         plan_waves([0], [0, 1], 0)
 
 
-def test_pending_folds_are_the_missing_the_unfinished_and_those_of_other_params(tiny_workspace, tmp_path):
+def test_pending_folds_are_the_missing_the_unfinished_and_those_of_other_params(tiny_workspace, tmp_path,
+                                                                                  monkeypatch):
+    import pipeline.training.setup as setup_module
+
     ws = tiny_workspace
     cfg = load_config(None, TINY)
     out = tmp_path / "models"
     inputs = (ws / "cache", ws / "folds.csv")
+    hashed = []  # the inputs' identity is the same for every fold: computed once, when needed
+    identity = setup_module.training_identity
+    monkeypatch.setattr(setup_module, "training_identity", lambda *a, **k: hashed.append(1) or identity(*a, **k))
     assert pending_folds(cfg, out, *inputs) == {0: 0, 1: 0}
+    assert hashed == []  # no last.pt: nothing to compare
     fit(cfg, 0, ws / "cache", ws / "folds.csv", out, resume=False)
     fit(cfg, 1, ws / "cache", ws / "folds.csv", out, resume=False, max_epochs=1)
+    hashed.clear()
     assert pending_folds(cfg, out, *inputs) == {1: 1}
+    assert hashed == [1]  # two folds with a last.pt, one identity
     assert pending_folds(load_config(None, TINY + ["train.lr=0.05"]), out, *inputs) == {0: 0, 1: 0}
     # speed-only and runtime params train the same model: a finished fold stays finished
     assert pending_folds(load_config(None, TINY + ["train.num_workers=1"]), out, *inputs) == {1: 1}
