@@ -137,10 +137,11 @@ def run_crop_extra(cfg: Config, name: str, out_dir: str | os.PathLike | None = N
     arr, to_orig, sizes = crop_faces(faces, root, ccfg.side, ccfg.expand, ccfg.n_jobs, xml, progress=True,
                                      return_sizes=True)
     dt = time.perf_counter() - t0
-    run = crop_run_id(extra_crop_params(cfg), root, {"train": (xml, True)}, {"train": faces})
+    shaping = extra_crop_params(cfg)
+    run = crop_run_id(shaping, root, {"train": (xml, True)}, {"train": faces})
     # what train checks before it trusts the split: the folder it came from, the params that
     # shaped it and the main crop it was checked against
-    extra = {"name": name, "folder": dcfg.extra_train[name], "main_run": main_run, "params": extra_crop_params(cfg)}
+    extra = {"name": name, "folder": dcfg.extra_train[name], "main_run": main_run, "params": shaping}
     with staging_dir(out, CACHE_MARKER) as tmp:
         write_resolved(cfg, tmp, ["data", "crop"], exclude=EXTRA_CROP_IGNORES)
         write_cache_split(tmp, faces, arr, to_orig, sizes, schema, xml, ccfg.side, ccfg.expand,
