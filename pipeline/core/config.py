@@ -135,15 +135,26 @@ def merge(cfg: Config, update: Any, source: str) -> Config:
 _SOURCE: dict[str, Any] = {"file": "params.yaml", "set": {}}  # of the last load_config (one per CLI process)
 
 
+def _set_texts(overrides: Iterable[str]) -> dict[str, str]:
+    """{key: 'key=value'} of `--set` overrides."""
+    return {t.split("=", 1)[0].strip(): t for t in overrides}
+
+
+def _set_text(keys: Iterable[str], sets: dict[str, str]) -> str | None:
+    """`--set key=value` of the override in `sets` (a `_set_texts`) that set the first of
+    `keys` any of them set (the key itself or its section), else None."""
+    for key in keys:
+        for set_key, text in reversed(list(sets.items())):
+            if key == set_key or key.startswith(set_key + "."):
+                return f"--set {text}"
+    return None
+
+
 def params_source(*keys: str) -> str:
     """Where the current value of `keys` came from, for errors about a param found after
     loading: `--set key=value` when an override set it (or its section), else the params
     file read (so `--params other.yaml` is blamed, not params.yaml)."""
-    for key in keys:
-        for set_key, text in reversed(list(_SOURCE["set"].items())):
-            if key == set_key or key.startswith(set_key + "."):
-                return f"--set {text}"
-    return _SOURCE["file"]
+    return _set_text(keys, _SOURCE["set"]) or _SOURCE["file"]
 
 
 def switch_on(value: str, auto: bool, key: str) -> bool:
@@ -161,14 +172,10 @@ def with_overrides(cfg: Config, overrides: Iterable[str]) -> Config:
     overrides = list(overrides)
     for text in overrides:
         cfg = merge(cfg, parse_override(text, cfg), f"--set {text}")
-    sets = {t.split("=", 1)[0].strip(): t for t in overrides}
+    sets = _set_texts(overrides)
 
     def blame(*keys: str) -> str:  # these overrides first: a caller's (bench variants) are not in _SOURCE
-        for key in keys:
-            for set_key, text in reversed(list(sets.items())):
-                if key == set_key or key.startswith(set_key + "."):
-                    return f"--set {text}"
-        return params_source(*keys)
+        return _set_text(keys, sets) or params_source(*keys)
 
     check_params(cfg, blame)
     return cfg
@@ -178,7 +185,7 @@ def load_config(params: str | os.PathLike | None = "params.yaml", overrides: Ite
     """Defaults, then `params` (a missing default params.yaml means defaults), then overrides."""
     overrides = list(overrides)
     _SOURCE["file"] = "params.yaml" if params is None else str(params)
-    _SOURCE["set"] = {t.split("=", 1)[0].strip(): t for t in overrides}
+    _SOURCE["set"] = _set_texts(overrides)
     cfg = DEFAULTS
     if params is not None:
         path = Path(params)

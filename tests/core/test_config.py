@@ -3,7 +3,7 @@ import pydantic
 import pytest
 import yaml
 
-from pipeline.core.config import load_config, parse_override, write_resolved
+from pipeline.core.config import load_config, parse_override, with_overrides, write_resolved
 from pipeline.core.errors import PipelineError
 from pipeline.core.params_schema import DEFAULTS, SECTIONS, section_fields
 
@@ -334,3 +334,13 @@ def test_cross_field_problems_blame_the_set_and_are_checked_after_every_override
     # the options a recipe gives pass, and a preset's own options pass for it
     assert load_config(None, ["model.options={decoder_levels: 3, map_upsample: 2, decoder_widths: null}"])
     assert load_config(None, ["model.preset=vgg-seed", "model.options={widths: [8, 16], convs: [1, 1]}"])
+
+
+def test_with_overrides_blames_its_own_set_not_only_those_loaded(tmp_path):
+    """A caller's overrides (bench's variants) are not among load_config's --set: a rule
+    one of them breaks still names that --set, not the params file."""
+    p = tmp_path / "p.yaml"
+    p.write_text("folds:\n  k: 5\n  train: [0, 1, 2, 3, 4]\n")
+    cfg = load_config(p, ["train.lr=0.01"])
+    with pytest.raises(PipelineError, match=r"^--set folds.k=2: 'folds.train' \[0, 1, 2, 3, 4\] must name folds"):
+        with_overrides(cfg, ["folds.k=2"])
