@@ -224,17 +224,6 @@ def write_resolved(cfg: Config, out_dir: str | os.PathLike, sections: Iterable[s
     return out
 
 
-def read_resolved(path: str | os.PathLike) -> dict[str, dict[str, Any]]:
-    """A file `write_resolved` wrote: {section: {key: value}}."""
-    try:
-        loaded = yaml.safe_load(Path(path).read_text())
-    except (yaml.YAMLError, UnicodeDecodeError, OSError) as e:
-        raise PipelineError(path, f"not a readable params file ({type(e).__name__})") from None
-    if not isinstance(loaded, dict) or not all(isinstance(v, dict) for v in loaded.values()):
-        raise PipelineError(path, "not a resolved params file (expects sections of key: value)")
-    return loaded
-
-
 def flatten(d: dict, prefix: str = "") -> dict[str, Any]:
     """{'train': {'lr': 0.1}} -> {'train.lr': 0.1}; mappings that are values (model.options)
     stay whole."""
