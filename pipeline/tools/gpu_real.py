@@ -46,6 +46,7 @@ from pipeline.core.io import check_output, write_json
 from pipeline.core.params_schema import Config
 from pipeline.formats.cache import load_cache
 from pipeline.formats.pack import PACK_MARKER, read_pack_info, unpack
+from pipeline.formats.predictions import read_predictions
 from pipeline.keypoints.metrics import mae, nme, region_nme
 from pipeline.stages.predict import run_predict
 from pipeline.stages.train import fit
@@ -136,7 +137,7 @@ def score_fold(cache_dir: Path, predictions: Path, fold: int) -> dict[str, Any]:
     TTA the params asked for (`tta`) and without (`plain`), and the NME per face region."""
     train = load_cache(cache_dir / "train")
     assert train.keypoints_orig is not None  # a training cache always has them
-    oof = np.load(predictions / "oof.npz")
+    oof = read_predictions(predictions / "oof.npz", ("fold", "tta", "plain"))
     val = oof["fold"] == fold
     truth, eyes, regions = train.keypoints_orig[val], train.schema.eyes, train.schema.regions()
     res: dict[str, Any] = {"fold": fold, "faces": int(val.sum())}

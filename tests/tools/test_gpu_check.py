@@ -154,6 +154,26 @@ def test_train_real_without_cuda_says_so_and_exits_2(pack, tmp_path, capsys):
     assert not (tmp_path / "out").exists()
 
 
+def test_score_fold_reads_oof_npz_through_the_predictions_reader(tiny_workspace, tmp_path):
+    from pipeline.core.errors import PipelineError
+    from pipeline.formats.cache import load_cache
+    from pipeline.formats.predictions import write_oof_predictions
+
+    train = load_cache(tiny_workspace / "cache" / "train")
+    fold = read_folds(tiny_workspace / "folds.csv", train.meta, train.path)
+    truth = train.keypoints_orig
+    write_oof_predictions(tmp_path / "oof.npz", tta=truth + 1.0, plain=truth, fold=fold,
+                          face_id=train.meta["face_id"], keypoint_names=train.schema.names)
+    res = gr.score_fold(tiny_workspace / "cache", tmp_path, 1)
+    assert res["faces"] == int((fold == 1).sum()) > 0
+    assert res["mae_tta"] == pytest.approx(1.0) and res["mae_plain"] == 0 and res["nme_plain"] == 0
+    assert res["nme_tta"] > 0 and set(res["regions_nme_tta"]) == set(train.schema.regions())
+    (tmp_path / "oof.npz").write_bytes(b"not an npz")
+    with pytest.raises(PipelineError) as e:
+        gr.score_fold(tiny_workspace / "cache", tmp_path, 1)
+    assert str(e.value) == f"{tmp_path / 'oof.npz'}: not a readable .npz file (ValueError)"
+
+
 def test_epochs_for_budget():
     assert gr.epochs_for_budget(360, 1.5, 300) == 240
     assert gr.epochs_for_budget(360, 1.0, 200) == 200  # never more than the recipe's
