@@ -174,6 +174,24 @@ def test_score_fold_reads_oof_npz_through_the_predictions_reader(tiny_workspace,
     assert str(e.value) == f"{tmp_path / 'oof.npz'}: not a readable .npz file (ValueError)"
 
 
+def test_logging_to_holds_a_handler_on_a_logger_for_a_with_block_only():
+    import logging
+
+    logger = logging.getLogger("pipeline.test_logging_to")
+    logger.setLevel(logging.WARNING)
+    clock = gr.EpochClock()
+    with pytest.raises(RuntimeError):
+        with gr.logging_to(clock, logger.name) as got:
+            assert got is clock and logger.level == logging.INFO
+            logger.info("fold 0 epoch 1: loss 0.5  812.4 img/s  data wait 3.1%")
+            logger.debug("fold 0 epoch 2: loss 0.5  900.0 img/s  data wait 1.0%")  # under INFO: not kept
+            raise RuntimeError("a failed phase")
+    assert [(e["epoch"], e["images_per_s"], e["data_wait_frac"]) for e in clock.epochs] == [(1, 812.4, 0.031)]
+    assert clock not in logger.handlers and logger.level == logging.WARNING
+    logger.info("fold 0 epoch 3: loss 0.5  1.0 img/s  data wait 1.0%")
+    assert len(clock.epochs) == 1
+
+
 def test_epochs_for_budget():
     assert gr.epochs_for_budget(360, 1.5, 300) == 240
     assert gr.epochs_for_budget(360, 1.0, 200) == 200  # never more than the recipe's
