@@ -67,7 +67,7 @@ from pipeline.stages.predict import run_predict
 from pipeline.stages.train import fit
 from pipeline.synth.layout import generate_demo
 from pipeline.tools.bench.training import bench_train
-from pipeline.tools.gpu_real import GPU_RECIPE, logging_to, run_train_real
+from pipeline.tools.gpu_real import GPU_RECIPE, logging_to, peak_memory_gib, reset_peak_memory, run_train_real
 from pipeline.training.loop import train_steps
 from pipeline.training.setup import build_training, make_epoch_loader
 
@@ -190,13 +190,12 @@ def check_throughput(ctx: Context, channels_last: bool) -> dict[str, Any]:
     non-finite loss stops it (NonFiniteLoss)."""
     s = ctx.size
     cfg = ctx.cfg("train.amp=auto", f"train.channels_last={'on' if channels_last else 'off'}")
-    if ctx.device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(ctx.device)
+    reset_peak_memory(ctx.device)
     res = bench_train(cfg, s["preset"], ctx.cache, s["steps"], s["batch"], s["input_size"], ctx.device,
                       rounds=1, warmup=s["warmup"])
-    if ctx.device.type == "cuda":
-        res["peak_memory_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2 ** 30
+    peak = peak_memory_gib(ctx.device)
+    if peak is not None:  # CUDA only: no key on the CPU
+        res["peak_memory_gib"] = peak
     for k in ("images_per_s_real", "images_per_s_synthetic"):
         _require(math.isfinite(res[k]) and res[k] > 0, f"{k} = {res[k]}")
     return res

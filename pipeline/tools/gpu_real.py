@@ -124,13 +124,15 @@ class EpochClock(logging.Handler):
                 "data_wait_frac_mean": float(np.mean([e["data_wait_frac"] for e in rest]))}
 
 
-def _peak_reset(device: torch.device) -> None:
+def reset_peak_memory(device: torch.device) -> None:
+    """Start `peak_memory_gib` afresh (CUDA only)."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _peak_gib(device: torch.device) -> float | None:
+def peak_memory_gib(device: torch.device) -> float | None:
+    """The most GPU memory allocated since `reset_peak_memory`, GiB; None off CUDA."""
     return torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
 
 
@@ -292,19 +294,19 @@ def train_and_score(run: Run, section: dict[str, Any], suffix: str, cfg: Config,
     """fit fold 0, then run_predict and score_fold into section["train"] and section["val"]
     (each as soon as it is done), as phases "train<suffix>" and "predict<suffix>"."""
     def train() -> dict[str, Any]:
-        _peak_reset(device)
+        reset_peak_memory(device)
         t0 = time.perf_counter()
         with logging_to(EpochClock(), TRAIN_LOGGER) as clock:
             m = fit(cfg, FOLD, cache, folds, models, resume=False, live_dir=None)
         wall = time.perf_counter() - t0
         return {"epochs": m["epochs"], "best_epoch": m["best_epoch"], "val_mae_no_tta": m["val_mae"],
                 "val_nme_no_tta": m["val_nme"], "wall_s": round(wall, 1), "s_per_epoch": wall / m["epochs"],
-                **clock.rates(), "peak_memory_gib": _peak_gib(device)}
+                **clock.rates(), "peak_memory_gib": peak_memory_gib(device)}
 
     def predict() -> dict[str, Any]:
-        _peak_reset(device)
+        reset_peak_memory(device)
         run_predict(cfg, str(cache), str(folds), str(models), str(predictions))
-        return {**score_fold(cache, predictions, FOLD), "peak_memory_gib": _peak_gib(device)}
+        return {**score_fold(cache, predictions, FOLD), "peak_memory_gib": peak_memory_gib(device)}
 
     log.info("train%s: %s", suffix, run.phase("train" + suffix, train, section, "train"))
     log.info("predict%s: %s", suffix, run.phase("predict" + suffix, predict, section, "val"))
