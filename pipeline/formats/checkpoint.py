@@ -40,6 +40,13 @@ def checkpoint_identity(ckpt: dict[str, Any]) -> str:
     return h.hexdigest()
 
 
+def model_identity(path: str | os.PathLike, meta: dict[str, Any]) -> str:
+    """The `checkpoint_identity` of the model loaded from checkpoint `path` with `meta` (a
+    `load_predictor` meta): from the meta when it is the checkpoint dict (the torch backend),
+    else from the checkpoint read again (an onnx backend's meta holds no weights)."""
+    return checkpoint_identity(meta if "model" in meta else load_checkpoint(path))
+
+
 def _load_failure(e: BaseException) -> str:
     """One short line for why torch.load failed. The weights-only unpickler's message is a
     paragraph (with ANSI bold) whose useful part follows 'WeightsUnpickler error:'."""

@@ -26,14 +26,10 @@ def mae(pred, truth) -> float:
     return float(np.mean(np.abs(p - t)))
 
 
-def nme(pred, truth, eyes: tuple[int, int] | Sequence[int] | None = (36, 45),
-        where: str | os.PathLike | None = None) -> float | None:
-    """Mean over faces of mean point error / inter-ocular distance of the truth.
-
-    pred, truth: (N, K, 2). Returns a fraction, or None when `eyes` is None or out of
-    range for K. Faces whose truth eye corners coincide (distance 0) are left out; when that
-    is every face (or `eyes` names one point twice) the NME is undefined: a PipelineError
-    naming `where` (the truth's file)."""
+def _point_errors(pred, truth, eyes: tuple[int, int] | Sequence[int] | None,
+                  where: str | os.PathLike | None) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """(err (N, K) point-to-point errors, iod (N,) the truth's inter-ocular distances, ok (N,)
+    the faces with one) after `nme`'s checks; None when `nme` is None."""
     if eyes is None:
         return None
     p, t = np.asarray(pred, dtype=np.float64), np.asarray(truth, dtype=np.float64)
@@ -47,12 +43,26 @@ def nme(pred, truth, eyes: tuple[int, int] | Sequence[int] | None = (36, 45),
         raise PipelineError(where, f"NME is undefined: its eye points are one point ({e0}), whose distance "
                                    "is 0 (the schema's eyes must be two different keypoints)")
     iod = np.linalg.norm(t[:, e0] - t[:, e1], axis=-1)
-    err = np.linalg.norm(p - t, axis=-1).mean(axis=1)
     ok = iod > 0
     if not ok.any():
         raise PipelineError(where, f"NME is undefined: eye points {e0} and {e1} coincide in the truth of "
                                    f"every face ({len(t)}): inter-ocular distance 0")
-    return float(np.mean(err[ok] / iod[ok]))
+    return np.linalg.norm(p - t, axis=-1), iod, ok
+
+
+def nme(pred, truth, eyes: tuple[int, int] | Sequence[int] | None = (36, 45),
+        where: str | os.PathLike | None = None) -> float | None:
+    """Mean over faces of mean point error / inter-ocular distance of the truth.
+
+    pred, truth: (N, K, 2). Returns a fraction, or None when `eyes` is None or out of
+    range for K. Faces whose truth eye corners coincide (distance 0) are left out; when that
+    is every face (or `eyes` names one point twice) the NME is undefined: a PipelineError
+    naming `where` (the truth's file)."""
+    terms = _point_errors(pred, truth, eyes, where)
+    if terms is None:
+        return None
+    err, iod, ok = terms
+    return float(np.mean(err.mean(axis=1)[ok] / iod[ok]))
 
 
 def region_nme(pred, truth, regions: Mapping[str, Sequence[int]],
@@ -62,13 +72,12 @@ def region_nme(pred, truth, regions: Mapping[str, Sequence[int]],
     point error over the region / the truth's inter-ocular distance, averaged over faces,
     as `nme` does for all points (the faces `nme` leaves out are left out here too). None
     when `nme` is undefined for these points (no eyes)."""
-    if nme(pred, truth, eyes, where) is None or eyes is None:
+    terms = _point_errors(pred, truth, eyes, where)
+    if terms is None:
         return None
-    p, t = np.asarray(pred, dtype=np.float64), np.asarray(truth, dtype=np.float64)
-    iod = np.linalg.norm(t[:, int(eyes[0])] - t[:, int(eyes[1])], axis=-1)
-    ok = iod > 0
-    err = np.linalg.norm(p - t, axis=-1)[ok] / iod[ok, None]  # (faces, K)
-    return {name: float(err[:, list(idx)].mean()) for name, idx in regions.items() if len(idx)}
+    err, iod, ok = terms
+    per_point = err[ok] / iod[ok, None]  # (faces, K)
+    return {name: float(per_point[:, list(idx)].mean()) for name, idx in regions.items() if len(idx)}
 
 
 def per_face_mae(pred: np.ndarray, truth: np.ndarray) -> np.ndarray:

@@ -17,7 +17,7 @@ from pipeline.core.io import check_output
 from pipeline.core.params_schema import Config
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE, MODELS_DIR, PREDICTIONS_DIR
 from pipeline.formats.cache import check_same_run, load_cache
-from pipeline.formats.checkpoint import checkpoint_identity, load_checkpoint
+from pipeline.formats.checkpoint import model_identity
 from pipeline.formats.folds import read_folds
 from pipeline.formats.predictions import write_oof_predictions, write_test_predictions
 from pipeline.inference.landmarker import Landmarker, check_tta
@@ -77,9 +77,7 @@ def run_predict(cfg: Config, cache_dir: str, folds_path: str, models_dir: str, o
     ensemble = landmarker.ensemble(stack)
     names = train.schema.names
     # what made the bias: `submit --xml` applies it only for these very weights and params
-    # (an onnx backend's meta holds no weights: the checkpoint is read for them)
-    identities = [checkpoint_identity(meta if "model" in meta else load_checkpoint(ckpts[f]))
-                  for f, meta in zip(folds, landmarker.metas)]
+    identities = [model_identity(ckpts[f], meta) for f, meta in zip(folds, landmarker.metas)]
     write_test_predictions(out / "test.npz", ensemble=ensemble, ensemble_raw=raw, per_fold=stack,
                            folds=folds, bias=bias, calibrated=calibrated, oof_kind=oof_kind,
                            face_id=test.meta["face_id"], keypoint_names=names, checkpoint_identity=identities,

@@ -57,22 +57,14 @@ def project_predictions(checkpoints: Sequence[str | os.PathLike]) -> Path | None
     return paths[0].parent.parent.parent / PREDICTIONS_DIR / "test.npz"
 
 
-def _identity(path: str | os.PathLike, meta: dict) -> str | None:
-    """The `checkpoint_identity` of a loaded model: from its checkpoint dict (the torch
-    backend's meta), else read from the .pt file; None for an exported .onnx model."""
-    from pipeline.formats.checkpoint import checkpoint_identity, load_checkpoint
-
-    if "model" in meta:
-        return checkpoint_identity(meta)
-    return None if Path(path).suffix == ".onnx" else checkpoint_identity(load_checkpoint(path))
-
-
 def calibration_mismatch(test_npz: Path, predict_cfg: PredictParams, checkpoints: Sequence[str | os.PathLike],
                          metas: Sequence[dict], schema) -> str | None:
     """Why the OOF calibration in `test_npz` is not the one `pipeline predict` fitted for
     these checkpoints under these predict params (None: it is). The checkpoints are compared
     by what they predict with (test.npz records each one's `checkpoint_identity`: weights and
     geometry), the params by what test.npz records."""
+    from pipeline.formats.checkpoint import model_identity  # torch: not on the DVC stage's path
+
     z = read_predictions(test_npz, ("oof_kind", "keypoint_names"), optional=("checkpoint_identity", "predict_params"))
     if [str(n) for n in z["keypoint_names"]] != list(schema.names):
         return f"its keypoints are not those of schema '{schema.name}'"
@@ -80,7 +72,8 @@ def calibration_mismatch(test_npz: Path, predict_cfg: PredictParams, checkpoints
         return "it does not record the checkpoints and predict params it was made with (rerun `pipeline predict`)"
     made = [str(h) for h in z["checkpoint_identity"].reshape(-1)]
     for c, meta in zip(checkpoints, metas):
-        if _identity(c, meta) not in made:
+        # an exported .onnx model is no checkpoint: never one `pipeline predict` used
+        if Path(c).suffix == ".onnx" or model_identity(c, meta) not in made:
             return f"made from other checkpoints than {c} (not the weights `pipeline predict` used)"
     if len(checkpoints) != len(made):
         return f"made from {len(made)} checkpoint(s), not these {len(checkpoints)}"

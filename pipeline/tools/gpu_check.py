@@ -67,7 +67,7 @@ from pipeline.stages.predict import run_predict
 from pipeline.stages.train import fit
 from pipeline.synth.layout import generate_demo
 from pipeline.tools.bench.training import bench_train
-from pipeline.tools.gpu_real import GPU_RECIPE, LoggerHandler, run_train_real
+from pipeline.tools.gpu_real import GPU_RECIPE, logging_to, peak_memory_gib, reset_peak_memory, run_train_real
 from pipeline.training.loop import train_steps
 from pipeline.training.setup import build_training, make_epoch_loader
 
@@ -190,13 +190,12 @@ def check_throughput(ctx: Context, channels_last: bool) -> dict[str, Any]:
     non-finite loss stops it (NonFiniteLoss)."""
     s = ctx.size
     cfg = ctx.cfg("train.amp=auto", f"train.channels_last={'on' if channels_last else 'off'}")
-    if ctx.device.type == "cuda":
-        torch.cuda.empty_cache()
-        torch.cuda.reset_peak_memory_stats(ctx.device)
+    reset_peak_memory(ctx.device)
     res = bench_train(cfg, s["preset"], ctx.cache, s["steps"], s["batch"], s["input_size"], ctx.device,
                       rounds=1, warmup=s["warmup"])
-    if ctx.device.type == "cuda":
-        res["peak_memory_gib"] = torch.cuda.max_memory_allocated(ctx.device) / 2 ** 30
+    peak = peak_memory_gib(ctx.device)
+    if peak is not None:  # CUDA only: no key on the CPU
+        res["peak_memory_gib"] = peak
     for k in ("images_per_s_real", "images_per_s_synthetic"):
         _require(math.isfinite(res[k]) and res[k] > 0, f"{k} = {res[k]}")
     return res
@@ -234,8 +233,8 @@ def check_resume(ctx: Context, amp: str) -> dict[str, Any]:
     killed = load_checkpoint(cut_dir / "fold0" / "last.pt")
     _require(killed["epoch"] == 1, f"the killed run's last.pt is at epoch {killed['epoch']}, not 1")
 
-    logs = _LogCapture("pipeline.training.setup")
-    with logs:
+    logs = _LogCapture()
+    with logging_to(logs, "pipeline.training.setup"):
         got_metrics = fit(cfg, 0, ctx.cache, ctx.folds, cut_dir, resume=True)
     _require("resuming from" in logs.text, "the resumed run did not resume from last.pt")
     got = load_checkpoint(cut_dir / "fold0" / "last.pt")
@@ -306,11 +305,11 @@ def check_ddp(ctx: Context) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------ helpers
 
-class _LogCapture(LoggerHandler):
-    """The messages of one logger while in a `with` block."""
+class _LogCapture(logging.Handler):
+    """The messages of the logger it is on (`logging_to`)."""
 
-    def __init__(self, name: str):
-        super().__init__(name)
+    def __init__(self):
+        super().__init__(logging.INFO)
         self.lines = list[str]()
 
     def emit(self, record):

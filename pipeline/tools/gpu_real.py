@@ -32,9 +32,10 @@ import re
 import shutil
 import tempfile
 import time
+from contextlib import closing, contextmanager
 from pathlib import Path
 from statistics import median
-from typing import Any, Callable
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 import torch
@@ -46,6 +47,7 @@ from pipeline.core.io import check_output, write_json
 from pipeline.core.params_schema import Config
 from pipeline.formats.cache import load_cache
 from pipeline.formats.pack import PACK_MARKER, read_pack_info, unpack
+from pipeline.formats.predictions import read_predictions
 from pipeline.keypoints.metrics import mae, nme, region_nme
 from pipeline.stages.predict import run_predict
 from pipeline.stages.train import fit
@@ -59,7 +61,9 @@ RESULT, LOG = "train-real.json", "train-real.log"
 # --cpu: a tiny model at the pack's own crop size, a few faces a step, in the main process
 CPU_DRY_SETS = ["model.preset=resunet-tiny", "train.batch_size=4", "train.num_workers=0", "train.device=cpu",
                 "predict.device=cpu", "train.epochs=2", "train.warmup_epochs=1", "train.val_every=1"]
-# pipeline.stages.train's epoch line: "fold 0 epoch 3: loss ... 812.4 img/s  data wait 3.1%"
+# the logger of `pipeline train` (pipeline.stages.train) and its epoch line: "fold 0 epoch 3:
+# loss ... 812.4 img/s  data wait 3.1%"
+TRAIN_LOGGER = "pipeline.stages.train"
 EPOCH_LINE = re.compile(r"^fold (\d+) epoch (\d+): .* (\S+) img/s\s+data wait (\S+)%$")
 
 
@@ -70,30 +74,29 @@ def epochs_for_budget(budget_s: float, s_per_epoch: float, cap: int) -> int:
     return max(1, min(int(cap), int(budget_s // s_per_epoch)))
 
 
-class LoggerHandler(logging.Handler):
-    """A handler on one logger (at INFO) while in a `with` block; subclasses say what to keep."""
-
-    def __init__(self, name: str):
-        super().__init__(logging.INFO)
-        self.logger = logging.getLogger(name)
-
-    def __enter__(self):
-        self.old_level = self.logger.level
-        self.logger.setLevel(logging.INFO)
-        self.logger.addHandler(self)
-        return self
-
-    def __exit__(self, *exc):
-        self.logger.removeHandler(self)
-        self.logger.setLevel(self.old_level)
+H = TypeVar("H", bound=logging.Handler)
 
 
-class EpochClock(LoggerHandler):
-    """The epoch lines of `pipeline train` while in a `with` block: when each was logged
-    (perf_counter), its img/s and data-wait share."""
+@contextmanager
+def logging_to(handler: H, name: str) -> Iterator[H]:
+    """`handler` on logger `name`, at INFO (its level restored after), while in a `with` block."""
+    logger = logging.getLogger(name)
+    old_level = logger.level
+    logger.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    try:
+        yield handler
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
+
+
+class EpochClock(logging.Handler):
+    """The epoch lines of `pipeline train` (on TRAIN_LOGGER, `logging_to`): when each was
+    logged (perf_counter), its img/s and data-wait share."""
 
     def __init__(self):
-        super().__init__("pipeline.stages.train")
+        super().__init__(logging.INFO)
         self.epochs: list[dict[str, float]] = []
 
     def emit(self, record):
@@ -121,13 +124,15 @@ class EpochClock(LoggerHandler):
                 "data_wait_frac_mean": float(np.mean([e["data_wait_frac"] for e in rest]))}
 
 
-def _peak_reset(device: torch.device) -> None:
+def reset_peak_memory(device: torch.device) -> None:
+    """Start `peak_memory_gib` afresh (CUDA only)."""
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
 
 
-def _peak_gib(device: torch.device) -> float | None:
+def peak_memory_gib(device: torch.device) -> float | None:
+    """The most GPU memory allocated since `reset_peak_memory`, GiB; None off CUDA."""
     return torch.cuda.max_memory_allocated(device) / 2 ** 30 if device.type == "cuda" else None
 
 
@@ -136,7 +141,7 @@ def score_fold(cache_dir: Path, predictions: Path, fold: int) -> dict[str, Any]:
     TTA the params asked for (`tta`) and without (`plain`), and the NME per face region."""
     train = load_cache(cache_dir / "train")
     assert train.keypoints_orig is not None  # a training cache always has them
-    oof = np.load(predictions / "oof.npz")
+    oof = read_predictions(predictions / "oof.npz", ("fold", "tta", "plain"))
     val = oof["fold"] == fold
     truth, eyes, regions = train.keypoints_orig[val], train.schema.eyes, train.schema.regions()
     res: dict[str, Any] = {"fold": fold, "faces": int(val.sum())}
@@ -208,42 +213,37 @@ def run_train_real(pack: str | Path, out: str | Path, *, params: str | None = GP
     out.mkdir(parents=True, exist_ok=True)
     handler = logging.FileHandler(out / LOG, mode="w")
     handler.setFormatter(logging.Formatter("%(asctime)s %(name)s %(levelname)s %(message)s", "%H:%M:%S"))
-    logger = logging.getLogger("pipeline")
-    old_level = logger.level
-    logger.setLevel(logging.INFO)
-    logger.addHandler(handler)
-    tmp = None if work else tempfile.TemporaryDirectory(prefix="train-real-")
-    wdir = Path(work) if work else Path(tmp.name)  # type: ignore[union-attr]
-    t = cfg.train
-    res: dict[str, Any] = {
-        "mode": "cpu dry run" if cpu else "gpu", "params": params, "sets": list(sets), "env": describe_device(device),
-        "pack": {"path": str(pack), "jpeg_quality": info["jpeg_quality"], "bytes": info["bytes"],
-                 "splits": {n: {k: s.get(k) for k in ("faces", "side", "expand", "mean_abs_diff")}
-                            for n, s in info["splits"].items()}},
-        "recipe": {"preset": cfg.model.preset, "input_size": cfg.model.input_size, "batch_size": t.batch_size,
-                   "optimizer": t.optimizer, "lr": t.lr, "epochs": t.epochs, "val_every": t.val_every, "amp": t.amp,
-                   "num_workers": t.num_workers, "heatmap_lambda": t.heatmap_lambda, "tta": cfg.predict.tta,
-                   "tta_jitter": cfg.predict.tta_jitter}}
-    run = Run(res, out / RESULT, t_start)
-    try:
-        log.info("env: %s", res["env"])
-        _phases(run, Path(pack), wdir, cfg, device, budget_min, epochs, wall_min, fp16_too, t_start)
-    except Exception as e:  # noqa: BLE001 -- the JSON is still written, with what failed
-        if not res["failures"]:  # not a phase's (Run.phase records those)
-            res["failures"].append("run")
-            res["run"] = {"error": f"{type(e).__name__}: {e}"}
-    finally:
-        run.save()
-        if res["failures"]:
-            log.error("train-real: FAILED (%s) in %.0f s -> %s", ", ".join(res["failures"]), res["wall_s"],
-                      out / RESULT)
-        else:
-            log.info("train-real: done in %.0f s -> %s", res["wall_s"], out / RESULT)
-        logger.removeHandler(handler)
-        handler.close()
-        logger.setLevel(old_level)
-        if tmp is not None:
-            tmp.cleanup()
+    with closing(handler), logging_to(handler, "pipeline"):
+        tmp = None if work else tempfile.TemporaryDirectory(prefix="train-real-")
+        wdir = Path(work) if work else Path(tmp.name)  # type: ignore[union-attr]
+        t = cfg.train
+        res: dict[str, Any] = {
+            "mode": "cpu dry run" if cpu else "gpu", "params": params, "sets": list(sets),
+            "env": describe_device(device),
+            "pack": {"path": str(pack), "jpeg_quality": info["jpeg_quality"], "bytes": info["bytes"],
+                     "splits": {n: {k: s.get(k) for k in ("faces", "side", "expand", "mean_abs_diff")}
+                                for n, s in info["splits"].items()}},
+            "recipe": {"preset": cfg.model.preset, "input_size": cfg.model.input_size, "batch_size": t.batch_size,
+                       "optimizer": t.optimizer, "lr": t.lr, "epochs": t.epochs, "val_every": t.val_every,
+                       "amp": t.amp, "num_workers": t.num_workers, "heatmap_lambda": t.heatmap_lambda,
+                       "tta": cfg.predict.tta, "tta_jitter": cfg.predict.tta_jitter}}
+        run = Run(res, out / RESULT, t_start)
+        try:
+            log.info("env: %s", res["env"])
+            _phases(run, Path(pack), wdir, cfg, device, budget_min, epochs, wall_min, fp16_too, t_start)
+        except Exception as e:  # noqa: BLE001 -- the JSON is still written, with what failed
+            if not res["failures"]:  # not a phase's (Run.phase records those)
+                res["failures"].append("run")
+                res["run"] = {"error": f"{type(e).__name__}: {e}"}
+        finally:
+            run.save()
+            if res["failures"]:
+                log.error("train-real: FAILED (%s) in %.0f s -> %s", ", ".join(res["failures"]), res["wall_s"],
+                          out / RESULT)
+            else:
+                log.info("train-real: done in %.0f s -> %s", res["wall_s"], out / RESULT)
+            if tmp is not None:
+                tmp.cleanup()
     return res
 
 
@@ -256,7 +256,7 @@ def _phases(run: Run, pack: Path, wdir: Path, cfg: Config, device: torch.device,
     if epochs is None:
         def probe() -> dict[str, Any]:
             pcfg = with_overrides(cfg, [f"train.epochs={PROBE_EPOCHS}", "train.val_every=1"])
-            with EpochClock() as clock:
+            with logging_to(EpochClock(), TRAIN_LOGGER) as clock:
                 fit(pcfg, FOLD, cache, folds, wdir / "probe", resume=False, live_dir=None)
             shutil.rmtree(wdir / "probe", ignore_errors=True)
             s = clock.s_per_epoch()
@@ -294,19 +294,19 @@ def train_and_score(run: Run, section: dict[str, Any], suffix: str, cfg: Config,
     """fit fold 0, then run_predict and score_fold into section["train"] and section["val"]
     (each as soon as it is done), as phases "train<suffix>" and "predict<suffix>"."""
     def train() -> dict[str, Any]:
-        _peak_reset(device)
+        reset_peak_memory(device)
         t0 = time.perf_counter()
-        with EpochClock() as clock:
+        with logging_to(EpochClock(), TRAIN_LOGGER) as clock:
             m = fit(cfg, FOLD, cache, folds, models, resume=False, live_dir=None)
         wall = time.perf_counter() - t0
         return {"epochs": m["epochs"], "best_epoch": m["best_epoch"], "val_mae_no_tta": m["val_mae"],
                 "val_nme_no_tta": m["val_nme"], "wall_s": round(wall, 1), "s_per_epoch": wall / m["epochs"],
-                **clock.rates(), "peak_memory_gib": _peak_gib(device)}
+                **clock.rates(), "peak_memory_gib": peak_memory_gib(device)}
 
     def predict() -> dict[str, Any]:
-        _peak_reset(device)
+        reset_peak_memory(device)
         run_predict(cfg, str(cache), str(folds), str(models), str(predictions))
-        return {**score_fold(cache, predictions, FOLD), "peak_memory_gib": _peak_gib(device)}
+        return {**score_fold(cache, predictions, FOLD), "peak_memory_gib": peak_memory_gib(device)}
 
     log.info("train%s: %s", suffix, run.phase("train" + suffix, train, section, "train"))
     log.info("predict%s: %s", suffix, run.phase("predict" + suffix, predict, section, "val"))

@@ -111,3 +111,21 @@ def test_region_nme_splits_nme_by_face_region():
     assert split["jaw"] == pytest.approx(np.mean(3.0 / iod))
     assert all(v == 0 for r, v in split.items() if r != "jaw")
     assert region_nme(pred, truth, regions, eyes=None) is None
+
+
+def test_region_nme_checks_its_inputs_as_nme_does():
+    from pipeline.core.errors import PipelineError
+
+    truth = np.random.default_rng(2).uniform(0, 100, (2, 68, 2))
+    regions = IBUG68.regions()
+    assert region_nme(truth, truth, regions, eyes=(0, 68)) is None and nme(truth, truth, eyes=(0, 68)) is None
+    with pytest.raises(ValueError, match=r"nme: need two \(N, K, 2\) arrays"):
+        region_nme(truth[:1], truth, regions)
+    with pytest.raises(PipelineError, match="its eye points are one point"):
+        region_nme(truth, truth, regions, eyes=(3, 3))
+    coincide = truth.copy()
+    coincide[:, 45] = coincide[:, 36]
+    with pytest.raises(PipelineError) as e:
+        region_nme(coincide, coincide, regions, where="sol.csv")
+    assert str(e.value) == ("sol.csv: NME is undefined: eye points 36 and 45 coincide in the truth of every face (2): "
+                            "inter-ocular distance 0")

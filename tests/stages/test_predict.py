@@ -263,6 +263,40 @@ def test_submit_xml_calibrates_only_with_the_checkpoints_predict_used(tiny_works
     assert (root / "again.csv").read_bytes() == (root / "applied.csv").read_bytes()
 
 
+def test_a_models_identity_is_its_checkpoints_under_either_backend(trained, tmp_path):
+    """test.npz names a fold's model by its checkpoint's identity whichever backend loaded it
+    (the torch backend's meta is the checkpoint; an onnx backend's holds no weights: the file
+    is read), and `submit --xml` compares them the same way; an exported .onnx model is no
+    checkpoint: never the one its calibration was fitted for."""
+    from pipeline.core.config import result_params
+    from pipeline.core.errors import PipelineError
+    from pipeline.formats.checkpoint import checkpoint_identity, model_identity
+    from pipeline.formats.predictions import write_test_predictions
+    from pipeline.stages.submit import calibration_mismatch
+
+    path, absent = trained / "fold0" / "best.pt", tmp_path / "absent.pt"
+    ckpt = load_checkpoint(path)
+    meta_only = {k: v for k, v in ckpt.items() if k != "model"}
+    want = checkpoint_identity(ckpt)
+    assert model_identity(absent, ckpt) == want  # the torch meta: the path is not read
+    assert model_identity(path, meta_only) == want
+    with pytest.raises(PipelineError, match="checkpoint not found"):
+        model_identity(absent, meta_only)
+
+    cfg = load_config(None, TINY)
+    npz, k = tmp_path / "test.npz", IBUG68.k
+    write_test_predictions(npz, ensemble=np.zeros((1, k, 2)), ensemble_raw=np.zeros((1, k, 2)),
+                           per_fold=np.zeros((1, 1, k, 2)), folds=[0], bias=np.zeros((k, 2)), calibrated=True,
+                           oof_kind="tta" if cfg.predict.tta == "flip" else "plain", face_id=["f0"],
+                           keypoint_names=IBUG68.names, checkpoint_identity=[want],
+                           predict_params=result_params(cfg, ["predict"])["predict"])
+    assert calibration_mismatch(npz, cfg.predict, [path], [ckpt], IBUG68) is None
+    assert calibration_mismatch(npz, cfg.predict, [path], [meta_only], IBUG68) is None
+    onnx = tmp_path / "best.onnx"
+    assert calibration_mismatch(npz, cfg.predict, [onnx], [meta_only], IBUG68) == (
+        f"made from other checkpoints than {onnx} (not the weights `pipeline predict` used)")
+
+
 def test_a_folds_val_nme_is_its_oof_nme_without_tta(tiny_workspace, tmp_path):
     """Issue 48, finding 4: validation is scored as `pipeline predict` scores out of fold
     (predict.amp auto's precision, fp32 on a CPU, whatever train.amp; the same decode), so

@@ -33,6 +33,7 @@ def test_cpu_dry_run_passes_every_check(tmp_path):
     assert done == total > 0
     for name in ("throughput_channels_last", "throughput_nchw"):
         assert res[name]["images_per_s_real"] > 0 and res[name]["images_per_s_synthetic"] > 0
+        assert "peak_memory_gib" not in res[name]  # a GPU figure: only on CUDA
     for amp in ("auto", "fp16"):
         r = res[f"resume_{amp}"]
         assert r["steps_per_epoch"] >= 2 and r["val_mae_resumed"] == pytest.approx(r["val_mae_unkilled"], rel=0.02)
@@ -152,6 +153,44 @@ def test_train_real_without_cuda_says_so_and_exits_2(pack, tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: gpu-check: no usable CUDA device")
     assert not (tmp_path / "out").exists()
+
+
+def test_score_fold_reads_oof_npz_through_the_predictions_reader(tiny_workspace, tmp_path):
+    from pipeline.core.errors import PipelineError
+    from pipeline.formats.cache import load_cache
+    from pipeline.formats.predictions import write_oof_predictions
+
+    train = load_cache(tiny_workspace / "cache" / "train")
+    fold = read_folds(tiny_workspace / "folds.csv", train.meta, train.path)
+    truth = train.keypoints_orig
+    write_oof_predictions(tmp_path / "oof.npz", tta=truth + 1.0, plain=truth, fold=fold,
+                          face_id=train.meta["face_id"], keypoint_names=train.schema.names)
+    res = gr.score_fold(tiny_workspace / "cache", tmp_path, 1)
+    assert res["faces"] == int((fold == 1).sum()) > 0
+    assert res["mae_tta"] == pytest.approx(1.0) and res["mae_plain"] == 0 and res["nme_plain"] == 0
+    assert res["nme_tta"] > 0 and set(res["regions_nme_tta"]) == set(train.schema.regions())
+    (tmp_path / "oof.npz").write_bytes(b"not an npz")
+    with pytest.raises(PipelineError) as e:
+        gr.score_fold(tiny_workspace / "cache", tmp_path, 1)
+    assert str(e.value) == f"{tmp_path / 'oof.npz'}: not a readable .npz file (ValueError)"
+
+
+def test_logging_to_holds_a_handler_on_a_logger_for_a_with_block_only():
+    import logging
+
+    logger = logging.getLogger("pipeline.test_logging_to")
+    logger.setLevel(logging.WARNING)
+    clock = gr.EpochClock()
+    with pytest.raises(RuntimeError):
+        with gr.logging_to(clock, logger.name) as got:
+            assert got is clock and logger.level == logging.INFO
+            logger.info("fold 0 epoch 1: loss 0.5  812.4 img/s  data wait 3.1%")
+            logger.debug("fold 0 epoch 2: loss 0.5  900.0 img/s  data wait 1.0%")  # under INFO: not kept
+            raise RuntimeError("a failed phase")
+    assert [(e["epoch"], e["images_per_s"], e["data_wait_frac"]) for e in clock.epochs] == [(1, 812.4, 0.031)]
+    assert clock not in logger.handlers and logger.level == logging.WARNING
+    logger.info("fold 0 epoch 3: loss 0.5  1.0 img/s  data wait 1.0%")
+    assert len(clock.epochs) == 1
 
 
 def test_epochs_for_budget():
