@@ -163,6 +163,12 @@ class Landmarker:
         for meta, path in zip(self.metas, self.paths):
             check_schema(meta["schema"], self.schema, path, "model", "the others for")
         self.geometries = [checkpoint_crop(meta, path) for meta, path in zip(self.metas, self.paths)]
+        # each model's face-presence calibration ({"threshold", "radius", "calibrated", ...},
+        # pipeline/formats/checkpoint.py `checkpoint_presence`); the ensemble's face gate is the
+        # mean of their thresholds (its score is the mean of their scores)
+        self.presence = [checkpoint_presence(meta, path) for meta, path in zip(self.metas, self.paths)]
+        self.presence_threshold = float(np.mean([p["threshold"] for p in self.presence]))
+        self._scorers = [scorer(p["radius"]) for p in self.presence]
         self.tta, self.jitter = tta, float(jitter)
         self.device = resolve_device(device) if isinstance(device, str) else device
         self.batch_size, self.amp, self.detector = int(batch_size), amp, detector
@@ -308,29 +314,17 @@ class Landmarker:
 
     # ------------------------------------------------------------------ face presence
 
-    @property
-    def presence(self) -> list[dict]:
-        """Each model's face-presence calibration ({"threshold", "radius", "calibrated", ...},
-        pipeline/formats/checkpoint.py `checkpoint_presence`)."""
-        return [checkpoint_presence(meta, path) for meta, path in zip(self.metas, self.paths)]
-
-    @property
-    def presence_threshold(self) -> float:
-        """The ensemble's face gate: the mean of its models' thresholds (its score is the mean
-        of their scores)."""
-        return float(np.mean([p["threshold"] for p in self.presence]))
-
     def per_model_scored(self, crop: CropFn, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """`per_model` and every model's face-presence scores: ((F, N, K, 2), (F, N))."""
         by_geometry: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
         preds, scores = [], []
-        for i, (geometry, presence) in enumerate(zip(self.geometries, self.presence)):
+        for i, geometry in enumerate(self.geometries):
             if geometry not in by_geometry:
                 by_geometry[geometry] = crop(*geometry)
             crops, crop_to_orig = by_geometry[geometry]
             out = predict_original(self.models[i], self.metas[i], crops, crop_to_orig, self.tta, self.batch_size,
                                    self.device, progress=progress, amp=self.amp, amp_key="predict.amp",
-                                   jitter=self.jitter, presence=scorer(presence["radius"]))
+                                   jitter=self.jitter, presence=self._scorers[i])
             preds.append(out["final"])
             scores.append(out["presence"])
         return np.stack(preds), np.stack(scores)

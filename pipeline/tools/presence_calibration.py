@@ -30,6 +30,7 @@ from pipeline.formats.cache import META_COLUMNS, dataset_root, read_meta
 from pipeline.formats.checkpoint import PRESENCE_RADIUS, load_checkpoint, presence_stamp, save_checkpoint
 from pipeline.formats.folds import read_folds
 from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.predictor import load_predictor
 from pipeline.inference.presence import choose_threshold, non_face_boxes, roc_auc
 from pipeline.keypoints.geometry import crop_one, crop_transform
 
@@ -81,7 +82,11 @@ def calibrate_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike, 
             raise PipelineError(path, "the checkpoint names no fold: give --fold (its held-out fold)")
         fold = int(ckpt["fold"])
     items, skipped = held_out_boxes(cache_dir, folds_path, fold, root, seed)
-    landmarker = Landmarker.from_checkpoints([path], backend="torch", device=resolve_device(device), tta="flip")
+    dev = resolve_device(device)
+    model, meta = load_predictor(path, "torch", dev)
+    # the score at the default radius, whatever the checkpoint held before (a bad stamp too)
+    landmarker = Landmarker([(model, {**meta, "presence": presence_stamp(0.0, PRESENCE_RADIUS)})], tta="flip",
+                            device=dev, paths=[path])
 
     def crop(size: int, expand: float) -> tuple[np.ndarray, np.ndarray]:
         a = np.stack([crop_transform(box, expand, size) for _, box, _ in items])
@@ -93,11 +98,8 @@ def calibrate_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike, 
             crops.append(crop_one(images[photo], m, size))
         return np.stack(crops), a
 
-    model = landmarker.models[0]
     if not hasattr(model, "forward_maps"):
         raise PipelineError(path, "this model has no heatmaps: the presence score reads them")
-    # the score at the default radius, whatever the checkpoint held before
-    landmarker.metas[0] = {**landmarker.metas[0], "presence": presence_stamp(0.0, PRESENCE_RADIUS)}
     _, scores = landmarker.predict_faces_scored(crop)
     kinds = np.array([k for _, _, k in items])
     pos, neg = scores[kinds == "face"], scores[kinds != "face"]

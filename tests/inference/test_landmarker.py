@@ -14,6 +14,7 @@ import torch
 from pipeline.core.errors import PipelineError
 from pipeline.detection.detectors import get_detector
 from pipeline.detection.haar import cascade_available
+from pipeline.formats.checkpoint import DEFAULT_PRESENCE_THRESHOLD, PRESENCE_RADIUS, presence_stamp
 from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.tta import predict_original
 from pipeline.keypoints.geometry import crop_one, crop_transform
@@ -78,6 +79,19 @@ def test_models_of_other_schemas_and_tta_none_with_jitter_are_refused():
     other = {**_meta(32, 1.25), "schema": {"name": "custom", "names": ["a"], "flip": [0], "eyes": None}}
     with pytest.raises(PipelineError, match="model is for schema 'custom'"):
         Landmarker([(Fixed(COORDS[0]), _meta(32, 1.25)), (Fixed(COORDS[1]), other)])
+
+
+def test_the_presence_calibration_is_read_once_when_the_models_load():
+    """Each model's presence calibration and the ensemble's threshold (the mean of theirs)
+    are read from the metas at load: a bad stamp fails there, naming the model's file."""
+    calibrated = {**_meta(32, 1.25), "presence": presence_stamp(0.4, 0.08)}
+    landmarker = Landmarker([(Fixed(COORDS[0]), calibrated), (Fixed(COORDS[1]), _meta(32, 1.25))])
+    assert [p["calibrated"] for p in landmarker.presence] == [True, False]
+    assert [p["radius"] for p in landmarker.presence] == [0.08, PRESENCE_RADIUS]
+    assert landmarker.presence_threshold == pytest.approx((0.4 + DEFAULT_PRESENCE_THRESHOLD) / 2)
+    bad = {**_meta(32, 1.25), "presence": {"threshold": 2.0, "radius": 0.05}}
+    with pytest.raises(PipelineError, match=r"^m\.pt: bad presence calibration"):
+        Landmarker([(Fixed(COORDS[0]), bad)], paths=["m.pt"])
 
 
 def test_from_checkpoints_takes_its_options_by_name_only():
