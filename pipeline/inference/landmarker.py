@@ -231,10 +231,10 @@ class Landmarker:
                                           "(rerun `pipeline crop` with the training's crop params, or retrain)")
 
     def _predict_model(self, i: int, crops: np.ndarray, crop_to_orig: np.ndarray, tta: str,
-                       progress: bool) -> dict[str, np.ndarray]:
+                       progress: bool, presence: Callable[..., torch.Tensor] | None = None) -> dict[str, np.ndarray]:
         return predict_original(self.models[i], self.metas[i], crops, crop_to_orig, tta, self.batch_size,
                                 self.device, progress=progress, amp=self.amp, amp_key="predict.amp",
-                                jitter=self.jitter)
+                                jitter=self.jitter, presence=presence)
 
     def predict_cached(self, crops: np.ndarray, crop_to_orig: np.ndarray, *, models: Sequence[int] | None = None,
                        tta: str | None = None, progress: bool = False) -> dict[str, np.ndarray]:
@@ -247,17 +247,23 @@ class Landmarker:
         views = [self._predict_model(i, crops, crop_to_orig, tta or self.tta, progress) for i in idx]
         return {k: np.stack([v[k] for v in views]) for k in views[0] if k != "flip"}
 
-    def per_model(self, crop: CropFn, progress: bool = False) -> np.ndarray:
-        """Every model's final predictions (F, N, K, 2) of the faces `crop(size, expand)` gives,
-        cropped once per geometry."""
+    def _per_model_outputs(self, crop: CropFn, progress: bool, scored: bool) -> list[dict[str, np.ndarray]]:
+        """Every model's `predict_original` output for the faces `crop(size, expand)` gives,
+        cropped once per geometry; `scored`: with each face's presence score ("presence")."""
         by_geometry: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
-        preds = []
+        outs = []
         for i, geometry in enumerate(self.geometries):
             if geometry not in by_geometry:
                 by_geometry[geometry] = crop(*geometry)
             crops, crop_to_orig = by_geometry[geometry]
-            preds.append(self._predict_model(i, crops, crop_to_orig, self.tta, progress)["final"])
-        return np.stack(preds)
+            outs.append(self._predict_model(i, crops, crop_to_orig, self.tta, progress,
+                                            self._scorers[i] if scored else None))
+        return outs
+
+    def per_model(self, crop: CropFn, progress: bool = False) -> np.ndarray:
+        """Every model's final predictions (F, N, K, 2) of the faces `crop(size, expand)` gives,
+        cropped once per geometry."""
+        return np.stack([out["final"] for out in self._per_model_outputs(crop, progress, scored=False)])
 
     def predict_faces(self, crop: CropFn, progress: bool = False) -> np.ndarray:
         """The ensemble (N, K, 2) of the faces `crop(size, expand)` gives."""
@@ -316,18 +322,8 @@ class Landmarker:
 
     def per_model_scored(self, crop: CropFn, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """`per_model` and every model's face-presence scores: ((F, N, K, 2), (F, N))."""
-        by_geometry: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
-        preds, scores = [], []
-        for i, geometry in enumerate(self.geometries):
-            if geometry not in by_geometry:
-                by_geometry[geometry] = crop(*geometry)
-            crops, crop_to_orig = by_geometry[geometry]
-            out = predict_original(self.models[i], self.metas[i], crops, crop_to_orig, self.tta, self.batch_size,
-                                   self.device, progress=progress, amp=self.amp, amp_key="predict.amp",
-                                   jitter=self.jitter, presence=self._scorers[i])
-            preds.append(out["final"])
-            scores.append(out["presence"])
-        return np.stack(preds), np.stack(scores)
+        outs = self._per_model_outputs(crop, progress, scored=True)
+        return np.stack([out["final"] for out in outs]), np.stack([out["presence"] for out in outs])
 
     def predict_faces_scored(self, crop: CropFn, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The ensemble (N, K, 2) of the faces `crop(size, expand)` gives, and their presence

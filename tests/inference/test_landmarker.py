@@ -16,6 +16,7 @@ from pipeline.detection.detectors import get_detector
 from pipeline.detection.haar import cascade_available
 from pipeline.formats.checkpoint import DEFAULT_PRESENCE_THRESHOLD, PRESENCE_RADIUS, presence_stamp
 from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.presence import scorer
 from pipeline.inference.tta import predict_original
 from pipeline.keypoints.geometry import crop_one, crop_transform
 from pipeline.keypoints.schema import IBUG68
@@ -54,6 +55,38 @@ def test_each_model_crops_as_trained_and_the_ensemble_is_their_mean_less_the_bia
     np.testing.assert_allclose(landmarker.ensemble(per_fold, raw=True), mean, atol=1e-9)
     with pytest.raises(PipelineError, match=r"calibration must be a finite \(68, 2\) bias"):
         landmarker.calibration = np.zeros((5, 2))
+
+
+class FlatMaps(Fixed):
+    """`Fixed` with flat 16 x 16 heatmaps: its presence score is the share of the map within
+    its scorer's radius of each point."""
+
+    def forward_maps(self, x):
+        return self(x), torch.full((x.shape[0], 68, 16, 16), 1 / 256)
+
+
+def _crops(size, expand):
+    a = np.stack([crop_transform(b, expand, size) for b in BOXES])
+    return np.stack([crop_one(IMAGE, m, size) for m in a]), a
+
+
+def test_scored_predictions_are_the_plain_ones_with_each_models_own_presence_score():
+    models = [(FlatMaps(COORDS[0]), {**_meta(32, 1.25), "presence": presence_stamp(0.5, 0.05)}),
+              (FlatMaps(COORDS[1]), {**_meta(32, 1.25), "presence": presence_stamp(0.5, 0.2)}),
+              (Fixed(COORDS[0]), _meta(40, 1.6))]
+    landmarker = Landmarker(models, tta="flip", device="cpu")
+    calls = []
+    points, scores = landmarker.per_model_scored(lambda size, expand: calls.append((size, expand)) or
+                                                 _crops(size, expand))
+    assert calls == [(32, 1.25), (40, 1.6)]  # once per geometry
+    np.testing.assert_allclose(points, landmarker.per_model(_crops), atol=1e-9)
+    for (model, meta), got in zip(models[:2], scores):
+        want = predict_original(model, meta, *_crops(32, 1.25), "flip", 8, torch.device("cpu"),
+                                presence=scorer(meta["presence"]["radius"]))["presence"]
+        np.testing.assert_allclose(got, want, atol=1e-9)
+    assert (scores[1] > scores[0]).all() and np.isnan(scores[2]).all()  # the wider radius; no heatmaps
+    # the ensemble's score: the mean of the models' that have heatmaps
+    np.testing.assert_allclose(landmarker.predict_scored(IMAGE, BOXES)[1], scores[:2].mean(0), atol=1e-9)
 
 
 def test_predict_batch_detects_when_no_boxes_and_keeps_photos_apart(monkeypatch):
