@@ -287,18 +287,23 @@ class Landmarker:
                       boxes_list: Sequence[np.ndarray] | None = None, max_faces: int = 0) -> list[np.ndarray]:
         """`predict` for several photos at once: the faces of all go through each model in
         batches of batch_size. Returns one (M_i, K, 2) array per photo."""
-        counts, crop = self._faces_of(images, boxes_list, max_faces)
+        boxes_list, _, crop = self._faces_of(images, boxes_list, max_faces)
+        counts = [len(b) for b in boxes_list]
         if not sum(counts):
             return [np.zeros((0, self.schema.k, 2)) for _ in counts]
         return np.split(self.predict_faces(crop), np.cumsum(counts)[:-1])
 
-    def _faces_of(self, images: Sequence[np.ndarray | str | os.PathLike],
-                  boxes_list: Sequence[np.ndarray] | None, max_faces: int) -> tuple[list[int], CropFn]:
-        """The faces of several photos (their boxes, or the detector's): the number in each
-        photo, and the `crop(size, expand)` that cuts all of them, in order."""
+    def _faces_of(self, images: Sequence[np.ndarray | str | os.PathLike], boxes_list: Sequence[np.ndarray] | None,
+                  max_faces: int) -> tuple[list[np.ndarray], list[np.ndarray | None], CropFn]:
+        """The faces of several photos (their boxes, or the detector's): each photo's boxes
+        (M_i, 4), the detector's own boxes of each (None where the boxes were given), and the
+        `crop(size, expand)` that cuts all of them, in order."""
         photos = [as_photo(im, "image" if len(images) == 1 else f"images[{i}]") for i, im in enumerate(images)]
+        raw_list: list[np.ndarray | None] = [None] * len(photos)
         if boxes_list is None:
-            boxes_list = [self.detect(im, max_faces)[0] for im in photos]
+            found = [self.detect(im, max_faces) for im in photos]
+            boxes_list = [boxes for boxes, _ in found]
+            raw_list = [np.asarray(raw, dtype=np.float64).reshape(-1, 4) for _, raw in found]
         if len(boxes_list) != len(photos):
             raise PipelineError(None, f"{len(photos)} images but {len(boxes_list)} box arrays")
         boxes_list = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes_list]
@@ -309,7 +314,7 @@ class Landmarker:
             faces, a = zip(*(crop_face(im, b, expand, size) for im, b in zip(photo_of, all_boxes)))
             return np.stack(faces), np.stack(a)
 
-        return [len(b) for b in boxes_list], crop
+        return boxes_list, raw_list, crop
 
     def predict_xml(self, xml_path: str | os.PathLike, n_jobs: int = 1) -> np.ndarray:
         """Keypoints (N, K, 2) of every face of a competition-format XML (its boxes), cropped
@@ -338,7 +343,11 @@ class Landmarker:
                              max_faces: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
         """`predict_batch` with each face's presence score: [(points (M_i, K, 2), scores (M_i,))]
         per photo; every face is kept, whatever its score (`faces_batch` gates them)."""
-        counts, crop = self._faces_of(images, boxes_list, max_faces)
+        boxes_list, _, crop = self._faces_of(images, boxes_list, max_faces)
+        return self._scored_by_photo([len(b) for b in boxes_list], crop)
+
+    def _scored_by_photo(self, counts: Sequence[int], crop: CropFn) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`predict_faces_scored` of the faces `crop` cuts, split into photos of `counts` faces."""
         if not sum(counts):
             return [(np.zeros((0, self.schema.k, 2)), np.zeros(0)) for _ in counts]
         points, scores = self.predict_faces_scored(crop)
@@ -356,18 +365,13 @@ class Landmarker:
         """The faces of several photos (`Faces` each): detected (or `boxes_list`), predicted and
         scored together; what scores below the presence threshold is no face and is left out
         (`keep_all`: kept, with is_face False). max_faces: the largest N faces that pass (0: all)."""
-        photos = [as_photo(im, "image" if len(images) == 1 else f"images[{i}]") for i, im in enumerate(images)]
-        raw_list: list[np.ndarray | None] = [None] * len(photos)
-        if boxes_list is None:
-            found = [self.detect(im, 0) for im in photos]  # all of them: a non-face must not take a place
-            boxes_list, raw_list = [f[0] for f in found], [f[1] for f in found]
-        threshold = self.presence_threshold
+        # all the detector's faces: a non-face must not take a face's place
+        boxes_list, raw_list, crop = self._faces_of(images, boxes_list, 0)
         out = []
-        for (points, scores), boxes, raw in zip(self.predict_batch_scored(photos, boxes_list), boxes_list, raw_list):
-            boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
-            keep, face = select_faces(scores, threshold, max_faces, keep_all)
-            out.append(Faces(boxes[keep], points[keep], scores[keep], face,
-                             None if raw is None else np.asarray(raw, dtype=np.float64).reshape(-1, 4)[keep]))
+        for boxes, raw, (points, scores) in zip(boxes_list, raw_list,
+                                                self._scored_by_photo([len(b) for b in boxes_list], crop)):
+            keep, face = select_faces(scores, self.presence_threshold, max_faces, keep_all)
+            out.append(Faces(boxes[keep], points[keep], scores[keep], face, None if raw is None else raw[keep]))
         return out
 
     def faces(self, image: np.ndarray | str | os.PathLike, boxes: np.ndarray | None = None, max_faces: int = 0,

@@ -104,6 +104,37 @@ def test_predict_batch_detects_when_no_boxes_and_keeps_photos_apart(monkeypatch)
     assert seen == [(IMAGE.shape, 1, "haar")]
 
 
+def test_faces_batch_converts_and_detects_each_photo_once_and_keeps_what_passes(monkeypatch):
+    import pipeline.inference.landmarker as lm
+
+    raw = BOXES + 1.5  # the detector's own boxes, told apart from the converted ones
+    seen, converted = [], []
+    monkeypatch.setattr(lm, "locate_faces", lambda image, max_faces=0, detector=None:
+                        (seen.append(max_faces) or BOXES, raw))
+    read = lm.as_photo
+    monkeypatch.setattr(lm, "as_photo", lambda image, where="image": converted.append(where) or read(image, where))
+    meta = {**_meta(32, 1.25), "presence": presence_stamp(0.0, 0.2)}  # every face passes
+    points, scores = Landmarker([(FlatMaps(COORDS[0]), meta)], tta="none").predict_scored(IMAGE, BOXES)
+    landmarker = Landmarker([(FlatMaps(COORDS[0]), meta)], tta="none")
+    seen.clear(), converted.clear()
+    blank = np.zeros((50, 60, 3), np.uint8)
+    out = landmarker.faces_batch([IMAGE, blank], max_faces=1)
+    assert converted == ["images[0]", "images[1]"] and seen == [0, 0]  # all detections, then the largest face
+    for faces in out:
+        np.testing.assert_array_equal(faces.boxes, BOXES[:1])
+        np.testing.assert_array_equal(faces.detector_boxes, raw[:1])
+        assert faces.is_face.tolist() == [True]
+    np.testing.assert_allclose(out[0].points, points[:1], atol=1e-9)
+    np.testing.assert_allclose(out[0].scores, scores[:1], atol=1e-9)
+    # a threshold above every score: no face, or with keep_all every detection marked
+    above = Landmarker([(FlatMaps(COORDS[0]), {**meta, "presence": presence_stamp(1.0, 0.2)})], tta="none")
+    assert len(above.faces(IMAGE)) == 0
+    marked = above.faces(IMAGE, keep_all=True)
+    assert marked.is_face.tolist() == [False, False]
+    np.testing.assert_array_equal(marked.detector_boxes, raw)
+    assert above.faces(IMAGE, BOXES, keep_all=True).detector_boxes is None  # boxes given
+
+
 def test_models_of_other_schemas_and_tta_none_with_jitter_are_refused():
     with pytest.raises(PipelineError, match="tta_jitter 0.1 needs tta flip"):
         Landmarker([(Fixed(COORDS[0]), _meta(32, 1.25))], tta="none", jitter=0.1)
