@@ -37,7 +37,7 @@ from pipeline.formats.annotations import crop_faces, load_xml, read_image
 from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_presence
 from pipeline.inference.live import Tracker
 from pipeline.inference.predictor import load_predictor
-from pipeline.inference.presence import scorer, select_faces
+from pipeline.inference.presence import is_face, scorer, select_faces
 from pipeline.inference.tta import predict_original
 from pipeline.keypoints.geometry import crop_face
 from pipeline.keypoints.schema import KeypointSchema, check_schema, schema_from_dict
@@ -127,13 +127,16 @@ class Faces:
     """The faces of one photo, largest first: boxes (M, 4) [left, top, width, height] in the
     training convention, points (M, K, 2) in image pixels, scores (M,) the face-presence
     score (NaN for a model without heatmaps), is_face (M,) score >= the models' threshold,
-    detector_boxes (M, 4) the detector's own boxes (None when the boxes were given)."""
+    detector_boxes (M, 4) the detector's own boxes (None when the boxes were given),
+    non_faces how many of the photo's boxes scored below the threshold (left out, or kept
+    with is_face False)."""
 
     boxes: np.ndarray
     points: np.ndarray
     scores: np.ndarray
     is_face: np.ndarray
     detector_boxes: np.ndarray | None = None
+    non_faces: int = 0
 
     def __len__(self) -> int:
         return len(self.boxes)
@@ -294,19 +297,24 @@ class Landmarker:
         return np.split(self.predict_faces(crop), np.cumsum(counts)[:-1])
 
     def _faces_of(self, images: Sequence[np.ndarray | str | os.PathLike], boxes_list: Sequence[np.ndarray] | None,
-                  max_faces: int) -> tuple[list[np.ndarray], list[np.ndarray | None], CropFn]:
+                  max_faces: int, detector_boxes: Sequence[np.ndarray] | None = None
+                  ) -> tuple[list[np.ndarray], list[np.ndarray | None], CropFn]:
         """The faces of several photos (their boxes, or the detector's): each photo's boxes
-        (M_i, 4), the detector's own boxes of each (None where the boxes were given), and the
-        `crop(size, expand)` that cuts all of them, in order."""
+        (M_i, 4), the detector's own boxes of each (or `detector_boxes`, given beside the boxes;
+        None without), and the `crop(size, expand)` that cuts all of them, in order."""
         photos = [as_photo(im, "image" if len(images) == 1 else f"images[{i}]") for i, im in enumerate(images)]
-        raw_list: list[np.ndarray | None] = [None] * len(photos)
         if boxes_list is None:
             found = [self.detect(im, max_faces) for im in photos]
-            boxes_list = [boxes for boxes, _ in found]
-            raw_list = [np.asarray(raw, dtype=np.float64).reshape(-1, 4) for _, raw in found]
+            boxes_list, detector_boxes = [boxes for boxes, _ in found], [raw for _, raw in found]
         if len(boxes_list) != len(photos):
             raise PipelineError(None, f"{len(photos)} images but {len(boxes_list)} box arrays")
         boxes_list = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes_list]
+        raw_list: list[np.ndarray | None] = [None] * len(photos)
+        if detector_boxes is not None:
+            raw = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in detector_boxes]
+            if [len(b) for b in raw] != [len(b) for b in boxes_list]:
+                raise PipelineError(None, "detector_boxes must hold one box per box of boxes_list")
+            raw_list = list(raw)
         photo_of = [im for im, boxes in zip(photos, boxes_list) for _ in boxes]  # the photo of every face
         all_boxes = [b for boxes in boxes_list for b in boxes]
 
@@ -361,17 +369,20 @@ class Landmarker:
 
     def faces_batch(self, images: Sequence[np.ndarray | str | os.PathLike],
                     boxes_list: Sequence[np.ndarray] | None = None, max_faces: int = 0,
-                    keep_all: bool = False) -> list[Faces]:
+                    keep_all: bool = False, detector_boxes: Sequence[np.ndarray] | None = None) -> list[Faces]:
         """The faces of several photos (`Faces` each): detected (or `boxes_list`), predicted and
         scored together; what scores below the presence threshold is no face and is left out
-        (`keep_all`: kept, with is_face False). max_faces: the largest N faces that pass (0: all)."""
+        (`keep_all`: kept, with is_face False). max_faces: the largest N faces that pass (0: all).
+        detector_boxes: with `boxes_list` from a detector, its own boxes (one per box), kept
+        beside them."""
         # all the detector's faces: a non-face must not take a face's place
-        boxes_list, raw_list, crop = self._faces_of(images, boxes_list, 0)
+        boxes_list, raw_list, crop = self._faces_of(images, boxes_list, 0, detector_boxes)
         out = []
         for boxes, raw, (points, scores) in zip(boxes_list, raw_list,
                                                 self._scored_by_photo([len(b) for b in boxes_list], crop)):
             keep, face = select_faces(scores, self.presence_threshold, max_faces, keep_all)
-            out.append(Faces(boxes[keep], points[keep], scores[keep], face, None if raw is None else raw[keep]))
+            out.append(Faces(boxes[keep], points[keep], scores[keep], face, None if raw is None else raw[keep],
+                             int((~is_face(scores, self.presence_threshold)).sum())))
         return out
 
     def faces(self, image: np.ndarray | str | os.PathLike, boxes: np.ndarray | None = None, max_faces: int = 0,

@@ -123,16 +123,24 @@ def test_faces_batch_converts_and_detects_each_photo_once_and_keeps_what_passes(
     for faces in out:
         np.testing.assert_array_equal(faces.boxes, BOXES[:1])
         np.testing.assert_array_equal(faces.detector_boxes, raw[:1])
-        assert faces.is_face.tolist() == [True]
+        assert faces.is_face.tolist() == [True] and faces.non_faces == 0
     np.testing.assert_allclose(out[0].points, points[:1], atol=1e-9)
     np.testing.assert_allclose(out[0].scores, scores[:1], atol=1e-9)
     # a threshold above every score: no face, or with keep_all every detection marked
     above = Landmarker([(FlatMaps(COORDS[0]), {**meta, "presence": presence_stamp(1.0, 0.2)})], tta="none")
-    assert len(above.faces(IMAGE)) == 0
+    assert len(above.faces(IMAGE)) == 0 and above.faces(IMAGE).non_faces == 2
     marked = above.faces(IMAGE, keep_all=True)
-    assert marked.is_face.tolist() == [False, False]
+    assert marked.is_face.tolist() == [False, False] and marked.non_faces == 2
     np.testing.assert_array_equal(marked.detector_boxes, raw)
     assert above.faces(IMAGE, BOXES, keep_all=True).detector_boxes is None  # boxes given
+    # boxes given with the detector's own beside them (predict-image detects before it batches)
+    seen.clear()
+    (given,) = above.faces_batch([IMAGE], [BOXES], keep_all=True, detector_boxes=[raw])
+    np.testing.assert_array_equal(given.detector_boxes, raw)
+    np.testing.assert_array_equal(given.boxes, BOXES)
+    assert not seen
+    with pytest.raises(PipelineError, match="one box per box of boxes_list"):
+        above.faces_batch([IMAGE], [BOXES], detector_boxes=[raw[:1]])
 
 
 def test_models_of_other_schemas_and_tta_none_with_jitter_are_refused():
