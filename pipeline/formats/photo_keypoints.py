@@ -26,6 +26,7 @@ import numpy as np
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import input_file, read_csv_rows, write_bytes, write_csv
+from pipeline.formats.video_csv import score_cell, score_value
 
 FIXED = ("image", "face", "box_left", "box_top", "box_width", "box_height")
 SCORED = ("score", "is_face")
@@ -35,11 +36,6 @@ FACE_KEYS = ("box", "detector_box", "points")
 
 def header(k: int, scored: bool = True) -> list[str]:
     return [*FIXED, *(SCORED if scored else ()), *[f"{c}{i}" for i in range(k) for c in ("x", "y")]]
-
-
-def _score(v: Any) -> float | None:
-    """A score for the files: None (JSON null, an empty CSV cell) when there is none."""
-    return None if v is None or not np.isfinite(float(v)) else round(float(v), 4)
 
 
 # ------------------------------------------------------------------ keypoints.csv
@@ -56,8 +52,7 @@ def write_photo_keypoints_csv(path: str | os.PathLike, photos: Iterable[tuple], 
             p = np.asarray(p).reshape(-1)
             if len(p) != 2 * k:
                 raise ValueError(f"{image} face {j}: {len(p)} coordinates, expected {2 * k}")
-            sc = _score(sc)
-            extra = ["" if sc is None else f"{sc:.4f}", int(bool(f))] if scored else []
+            extra = [score_cell(sc), int(bool(f))] if scored else []
             rows.append([str(image), j, *[f"{v:.2f}" for v in b], *extra, *[f"{v:.3f}" for v in p]])
     return write_csv(path, rows)
 
@@ -130,9 +125,9 @@ def photo_record(image: str, width: int, height: int, *, detector: str, schema: 
               "schema": schema, "names": list(names), "checkpoints": [str(c) for c in checkpoints], "tta": tta}
     if scores is not None:
         flags = [True] * len(faces) if is_face is None else is_face
-        faces = [{**{k: v for k, v in f.items() if k != "points"}, "score": _score(sc), "is_face": bool(ok),
+        faces = [{**{k: v for k, v in f.items() if k != "points"}, "score": score_value(sc), "is_face": bool(ok),
                   "points": f["points"]} for f, sc, ok in zip(faces, scores, flags)]
-        record["presence_threshold"] = _score(presence_threshold)
+        record["presence_threshold"] = score_value(presence_threshold)
     return {**record, "n_faces": len(faces), "faces": faces}
 
 

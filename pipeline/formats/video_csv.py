@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -27,8 +28,17 @@ def header(k: int, scores: bool = False) -> list[str]:
     return [*FIXED, *([SCORE] if scores else []), *[f"{c}{i}" for i in range(k) for c in ("x", "y")]]
 
 
-def _score_text(v: float) -> str:
-    return "" if not np.isfinite(v) else f"{float(v):.4f}"
+def score_value(v: Any) -> float | None:
+    """A face-presence score for the files (this table, and pipeline/formats/photo_keypoints.py's
+    CSV and JSON): rounded to 4 decimals; None (an empty CSV cell, JSON null) when there is
+    none (None, NaN)."""
+    return None if v is None or not np.isfinite(float(v)) else round(float(v), 4)
+
+
+def score_cell(v: Any) -> str:
+    """`score_value` as a CSV cell: 4 decimals, empty when there is none."""
+    score = score_value(v)
+    return "" if score is None else f"{score:.4f}"
 
 
 def write_video_csv(path: str | os.PathLike, frames: np.ndarray, times: np.ndarray, faces: np.ndarray,
@@ -37,7 +47,7 @@ def write_video_csv(path: str | os.PathLike, frames: np.ndarray, times: np.ndarr
     without `scores` (the truth table), no score column."""
     points = np.asarray(points, dtype=np.float64)
     points = points if points.ndim == 3 else points.reshape(len(frames), -1, 2)
-    extra = [[]] * len(frames) if scores is None else [[_score_text(v)] for v in np.asarray(scores, dtype=np.float64)]
+    extra = [[]] * len(frames) if scores is None else [[score_cell(v)] for v in np.asarray(scores, dtype=np.float64)]
     rows = [[int(f), f"{float(t):.4f}", int(face), *e, *[f"{v:.3f}" for v in p.reshape(-1)]]
             for f, t, face, e, p in zip(frames, times, faces, extra, points)]
     return write_csv(path, [header(points.shape[1], scores is not None), *rows])

@@ -37,7 +37,7 @@ from pipeline.formats.annotations import crop_faces, load_xml, read_image
 from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_presence
 from pipeline.inference.live import Tracker
 from pipeline.inference.predictor import load_predictor
-from pipeline.inference.presence import scorer, select_faces
+from pipeline.inference.presence import is_face, scorer, select_faces
 from pipeline.inference.tta import predict_original
 from pipeline.keypoints.geometry import crop_face
 from pipeline.keypoints.schema import KeypointSchema, check_schema, schema_from_dict
@@ -127,13 +127,16 @@ class Faces:
     """The faces of one photo, largest first: boxes (M, 4) [left, top, width, height] in the
     training convention, points (M, K, 2) in image pixels, scores (M,) the face-presence
     score (NaN for a model without heatmaps), is_face (M,) score >= the models' threshold,
-    detector_boxes (M, 4) the detector's own boxes (None when the boxes were given)."""
+    detector_boxes (M, 4) the detector's own boxes (None when the boxes were given),
+    non_faces how many of the photo's boxes scored below the threshold (left out, or kept
+    with is_face False)."""
 
     boxes: np.ndarray
     points: np.ndarray
     scores: np.ndarray
     is_face: np.ndarray
     detector_boxes: np.ndarray | None = None
+    non_faces: int = 0
 
     def __len__(self) -> int:
         return len(self.boxes)
@@ -163,6 +166,12 @@ class Landmarker:
         for meta, path in zip(self.metas, self.paths):
             check_schema(meta["schema"], self.schema, path, "model", "the others for")
         self.geometries = [checkpoint_crop(meta, path) for meta, path in zip(self.metas, self.paths)]
+        # each model's face-presence calibration ({"threshold", "radius", "calibrated", ...},
+        # pipeline/formats/checkpoint.py `checkpoint_presence`); the ensemble's face gate is the
+        # mean of their thresholds (its score is the mean of their scores)
+        self.presence = [checkpoint_presence(meta, path) for meta, path in zip(self.metas, self.paths)]
+        self.presence_threshold = float(np.mean([p["threshold"] for p in self.presence]))
+        self._scorers = [scorer(p["radius"]) for p in self.presence]
         self.tta, self.jitter = tta, float(jitter)
         self.device = resolve_device(device) if isinstance(device, str) else device
         self.batch_size, self.amp, self.detector = int(batch_size), amp, detector
@@ -225,10 +234,10 @@ class Landmarker:
                                           "(rerun `pipeline crop` with the training's crop params, or retrain)")
 
     def _predict_model(self, i: int, crops: np.ndarray, crop_to_orig: np.ndarray, tta: str,
-                       progress: bool) -> dict[str, np.ndarray]:
+                       progress: bool, presence: Callable[..., torch.Tensor] | None = None) -> dict[str, np.ndarray]:
         return predict_original(self.models[i], self.metas[i], crops, crop_to_orig, tta, self.batch_size,
                                 self.device, progress=progress, amp=self.amp, amp_key="predict.amp",
-                                jitter=self.jitter)
+                                jitter=self.jitter, presence=presence)
 
     def predict_cached(self, crops: np.ndarray, crop_to_orig: np.ndarray, *, models: Sequence[int] | None = None,
                        tta: str | None = None, progress: bool = False) -> dict[str, np.ndarray]:
@@ -241,17 +250,23 @@ class Landmarker:
         views = [self._predict_model(i, crops, crop_to_orig, tta or self.tta, progress) for i in idx]
         return {k: np.stack([v[k] for v in views]) for k in views[0] if k != "flip"}
 
-    def per_model(self, crop: CropFn, progress: bool = False) -> np.ndarray:
-        """Every model's final predictions (F, N, K, 2) of the faces `crop(size, expand)` gives,
-        cropped once per geometry."""
+    def _per_model_outputs(self, crop: CropFn, progress: bool, scored: bool) -> list[dict[str, np.ndarray]]:
+        """Every model's `predict_original` output for the faces `crop(size, expand)` gives,
+        cropped once per geometry; `scored`: with each face's presence score ("presence")."""
         by_geometry: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
-        preds = []
+        outs = []
         for i, geometry in enumerate(self.geometries):
             if geometry not in by_geometry:
                 by_geometry[geometry] = crop(*geometry)
             crops, crop_to_orig = by_geometry[geometry]
-            preds.append(self._predict_model(i, crops, crop_to_orig, self.tta, progress)["final"])
-        return np.stack(preds)
+            outs.append(self._predict_model(i, crops, crop_to_orig, self.tta, progress,
+                                            self._scorers[i] if scored else None))
+        return outs
+
+    def per_model(self, crop: CropFn, progress: bool = False) -> np.ndarray:
+        """Every model's final predictions (F, N, K, 2) of the faces `crop(size, expand)` gives,
+        cropped once per geometry."""
+        return np.stack([out["final"] for out in self._per_model_outputs(crop, progress, scored=False)])
 
     def predict_faces(self, crop: CropFn, progress: bool = False) -> np.ndarray:
         """The ensemble (N, K, 2) of the faces `crop(size, expand)` gives."""
@@ -275,21 +290,31 @@ class Landmarker:
                       boxes_list: Sequence[np.ndarray] | None = None, max_faces: int = 0) -> list[np.ndarray]:
         """`predict` for several photos at once: the faces of all go through each model in
         batches of batch_size. Returns one (M_i, K, 2) array per photo."""
-        counts, crop = self._faces_of(images, boxes_list, max_faces)
+        boxes_list, _, crop = self._faces_of(images, boxes_list, max_faces)
+        counts = [len(b) for b in boxes_list]
         if not sum(counts):
             return [np.zeros((0, self.schema.k, 2)) for _ in counts]
         return np.split(self.predict_faces(crop), np.cumsum(counts)[:-1])
 
-    def _faces_of(self, images: Sequence[np.ndarray | str | os.PathLike],
-                  boxes_list: Sequence[np.ndarray] | None, max_faces: int) -> tuple[list[int], CropFn]:
-        """The faces of several photos (their boxes, or the detector's): the number in each
-        photo, and the `crop(size, expand)` that cuts all of them, in order."""
+    def _faces_of(self, images: Sequence[np.ndarray | str | os.PathLike], boxes_list: Sequence[np.ndarray] | None,
+                  max_faces: int, detector_boxes: Sequence[np.ndarray] | None = None
+                  ) -> tuple[list[np.ndarray], list[np.ndarray | None], CropFn]:
+        """The faces of several photos (their boxes, or the detector's): each photo's boxes
+        (M_i, 4), the detector's own boxes of each (or `detector_boxes`, given beside the boxes;
+        None without), and the `crop(size, expand)` that cuts all of them, in order."""
         photos = [as_photo(im, "image" if len(images) == 1 else f"images[{i}]") for i, im in enumerate(images)]
         if boxes_list is None:
-            boxes_list = [self.detect(im, max_faces)[0] for im in photos]
+            found = [self.detect(im, max_faces) for im in photos]
+            boxes_list, detector_boxes = [boxes for boxes, _ in found], [raw for _, raw in found]
         if len(boxes_list) != len(photos):
             raise PipelineError(None, f"{len(photos)} images but {len(boxes_list)} box arrays")
         boxes_list = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes_list]
+        raw_list: list[np.ndarray | None] = [None] * len(photos)
+        if detector_boxes is not None:
+            raw = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in detector_boxes]
+            if [len(b) for b in raw] != [len(b) for b in boxes_list]:
+                raise PipelineError(None, "detector_boxes must hold one box per box of boxes_list")
+            raw_list = list(raw)
         photo_of = [im for im, boxes in zip(photos, boxes_list) for _ in boxes]  # the photo of every face
         all_boxes = [b for boxes in boxes_list for b in boxes]
 
@@ -297,7 +322,7 @@ class Landmarker:
             faces, a = zip(*(crop_face(im, b, expand, size) for im, b in zip(photo_of, all_boxes)))
             return np.stack(faces), np.stack(a)
 
-        return [len(b) for b in boxes_list], crop
+        return boxes_list, raw_list, crop
 
     def predict_xml(self, xml_path: str | os.PathLike, n_jobs: int = 1) -> np.ndarray:
         """Keypoints (N, K, 2) of every face of a competition-format XML (its boxes), cropped
@@ -308,32 +333,10 @@ class Landmarker:
 
     # ------------------------------------------------------------------ face presence
 
-    @property
-    def presence(self) -> list[dict]:
-        """Each model's face-presence calibration ({"threshold", "radius", "calibrated", ...},
-        pipeline/formats/checkpoint.py `checkpoint_presence`)."""
-        return [checkpoint_presence(meta, path) for meta, path in zip(self.metas, self.paths)]
-
-    @property
-    def presence_threshold(self) -> float:
-        """The ensemble's face gate: the mean of its models' thresholds (its score is the mean
-        of their scores)."""
-        return float(np.mean([p["threshold"] for p in self.presence]))
-
     def per_model_scored(self, crop: CropFn, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """`per_model` and every model's face-presence scores: ((F, N, K, 2), (F, N))."""
-        by_geometry: dict[tuple[int, float], tuple[np.ndarray, np.ndarray]] = {}
-        preds, scores = [], []
-        for i, (geometry, presence) in enumerate(zip(self.geometries, self.presence)):
-            if geometry not in by_geometry:
-                by_geometry[geometry] = crop(*geometry)
-            crops, crop_to_orig = by_geometry[geometry]
-            out = predict_original(self.models[i], self.metas[i], crops, crop_to_orig, self.tta, self.batch_size,
-                                   self.device, progress=progress, amp=self.amp, amp_key="predict.amp",
-                                   jitter=self.jitter, presence=scorer(presence["radius"]))
-            preds.append(out["final"])
-            scores.append(out["presence"])
-        return np.stack(preds), np.stack(scores)
+        outs = self._per_model_outputs(crop, progress, scored=True)
+        return np.stack([out["final"] for out in outs]), np.stack([out["presence"] for out in outs])
 
     def predict_faces_scored(self, crop: CropFn, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The ensemble (N, K, 2) of the faces `crop(size, expand)` gives, and their presence
@@ -348,7 +351,11 @@ class Landmarker:
                              max_faces: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
         """`predict_batch` with each face's presence score: [(points (M_i, K, 2), scores (M_i,))]
         per photo; every face is kept, whatever its score (`faces_batch` gates them)."""
-        counts, crop = self._faces_of(images, boxes_list, max_faces)
+        boxes_list, _, crop = self._faces_of(images, boxes_list, max_faces)
+        return self._scored_by_photo([len(b) for b in boxes_list], crop)
+
+    def _scored_by_photo(self, counts: Sequence[int], crop: CropFn) -> list[tuple[np.ndarray, np.ndarray]]:
+        """`predict_faces_scored` of the faces `crop` cuts, split into photos of `counts` faces."""
         if not sum(counts):
             return [(np.zeros((0, self.schema.k, 2)), np.zeros(0)) for _ in counts]
         points, scores = self.predict_faces_scored(crop)
@@ -362,22 +369,20 @@ class Landmarker:
 
     def faces_batch(self, images: Sequence[np.ndarray | str | os.PathLike],
                     boxes_list: Sequence[np.ndarray] | None = None, max_faces: int = 0,
-                    keep_all: bool = False) -> list[Faces]:
+                    keep_all: bool = False, detector_boxes: Sequence[np.ndarray] | None = None) -> list[Faces]:
         """The faces of several photos (`Faces` each): detected (or `boxes_list`), predicted and
         scored together; what scores below the presence threshold is no face and is left out
-        (`keep_all`: kept, with is_face False). max_faces: the largest N faces that pass (0: all)."""
-        photos = [as_photo(im, "image" if len(images) == 1 else f"images[{i}]") for i, im in enumerate(images)]
-        raw_list: list[np.ndarray | None] = [None] * len(photos)
-        if boxes_list is None:
-            found = [self.detect(im, 0) for im in photos]  # all of them: a non-face must not take a place
-            boxes_list, raw_list = [f[0] for f in found], [f[1] for f in found]
-        threshold = self.presence_threshold
+        (`keep_all`: kept, with is_face False). max_faces: the largest N faces that pass (0: all).
+        detector_boxes: with `boxes_list` from a detector, its own boxes (one per box), kept
+        beside them."""
+        # all the detector's faces: a non-face must not take a face's place
+        boxes_list, raw_list, crop = self._faces_of(images, boxes_list, 0, detector_boxes)
         out = []
-        for (points, scores), boxes, raw in zip(self.predict_batch_scored(photos, boxes_list), boxes_list, raw_list):
-            boxes = np.asarray(boxes, dtype=np.float64).reshape(-1, 4)
-            keep, face = select_faces(scores, threshold, max_faces, keep_all)
-            out.append(Faces(boxes[keep], points[keep], scores[keep], face,
-                             None if raw is None else np.asarray(raw, dtype=np.float64).reshape(-1, 4)[keep]))
+        for boxes, raw, (points, scores) in zip(boxes_list, raw_list,
+                                                self._scored_by_photo([len(b) for b in boxes_list], crop)):
+            keep, face = select_faces(scores, self.presence_threshold, max_faces, keep_all)
+            out.append(Faces(boxes[keep], points[keep], scores[keep], face, None if raw is None else raw[keep],
+                             int((~is_face(scores, self.presence_threshold)).sum())))
         return out
 
     def faces(self, image: np.ndarray | str | os.PathLike, boxes: np.ndarray | None = None, max_faces: int = 0,

@@ -126,7 +126,7 @@ class Track:
     lost: bool = False  # its keypoints left the face: the detector must find it again
     score: float = float("nan")  # the face-presence score of its last prediction
     hidden: bool = False  # that score was below the threshold: not shown, box kept
-    checked: int = 0  # detector runs since it was hidden
+    checked: bool = False  # the detector has run since it was hidden
 
 
 class FaceTracker:
@@ -173,7 +173,7 @@ class FaceTracker:
         self.detections += 1
         self.last_detect, self.wanted = index, False
         for t in self.active:
-            t.checked += t.hidden
+            t.checked = t.checked or t.hidden
         tracked = np.array([t.box for t in self.active]).reshape(-1, 4)
         pairs = match(tracked, boxes, self.match_iou)
         used = {di for _, di, _ in pairs}
@@ -269,7 +269,7 @@ class FaceTracker:
         for tr, p, score in zip(self.active, points, scores):
             tr.score = float(score)
             if self.threshold is None or not score < self.threshold:  # NaN: no score, a face
-                tr.points, tr.hidden, tr.checked = p, False, 0
+                tr.points, tr.hidden, tr.checked = p, False, False
             elif tr.id < 0:  # a detection that is no face starts no track
                 self.rejected += 1
                 continue

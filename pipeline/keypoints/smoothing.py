@@ -78,20 +78,6 @@ def local_poly_fit_weights(offsets: np.ndarray, order: int = 2) -> np.ndarray:
     return np.linalg.pinv(np.vander(u, order + 1, increasing=True))[0]
 
 
-def local_poly_weights(before: int, after: int, order: int = 2) -> np.ndarray:
-    """`local_poly_fit_weights` of the frames at offsets -before..after. Centred, it has no
-    lag: a motion that is polynomial of that order over the window passes through exactly,
-    and noise is averaged over the window."""
-    return local_poly_fit_weights(np.arange(-before, after + 1), order)
-
-
-def local_poly_at(xs: np.ndarray, t: int, half: int, order: int = 2) -> np.ndarray:
-    """The centred local-polynomial value of sequence xs (T, ...) at index t, over
-    t - half .. t + half (clipped to the sequence)."""
-    lo, hi = max(0, t - half), min(len(xs), t + half + 1)
-    return np.tensordot(local_poly_weights(t - lo, hi - 1 - t, order), np.asarray(xs[lo:hi], dtype=np.float64), axes=1)
-
-
 def in_window(times: np.ndarray, t: float, half_s: float) -> np.ndarray:
     """Mask of the `times` within +-half_s of t (WINDOW_TOLERANCE_S included)."""
     return np.abs(np.asarray(times, dtype=np.float64) - t) <= half_s + WINDOW_TOLERANCE_S

@@ -25,9 +25,8 @@ from pipeline.detection.detectors import get_detector
 from pipeline.formats.annotations import read_image
 from pipeline.formats.images import write_png
 from pipeline.formats.photo_keypoints import photo_record, write_photo_json, write_photo_keypoints_csv
-from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.landmarker import Faces, Landmarker
 from pipeline.inference.options import model_options
-from pipeline.inference.presence import is_face, select_faces
 from pipeline.keypoints.draw import draw_faces
 
 log = logging.getLogger(__name__)
@@ -90,26 +89,26 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
     threshold = landmarker.presence_threshold
 
     def flush() -> None:
-        preds = landmarker.predict_batch_scored([image for _, image, _, _ in pending],
-                                                [boxes for _, _, boxes, _ in pending])
-        for (photo, image, boxes, raw), (pts, scores) in zip(pending, preds):
-            keep, face = select_faces(scores, threshold, max_faces, keep_all)
-            non = int((~is_face(scores, threshold)).sum())
-            if non:
-                log.info("%s: %d detection(s) scored below the presence threshold %.3f: not faces%s", photo, non,
-                         threshold, ", marked" if keep_all else " (left out; --keep-all keeps them, marked)")
-            results.append(_write_photo(photo, image, boxes[keep], raw[keep], pts[keep], scores[keep], face))
+        batch = landmarker.faces_batch([image for _, image, _, _ in pending], [boxes for _, _, boxes, _ in pending],
+                                       max_faces, keep_all, detector_boxes=[raw for _, _, _, raw in pending])
+        for (photo, image, _, _), faces in zip(pending, batch):
+            if faces.non_faces:
+                log.info("%s: %d detection(s) scored below the presence threshold %.3f: not faces%s", photo,
+                         faces.non_faces, threshold,
+                         ", marked" if keep_all else " (left out; --keep-all keeps them, marked)")
+            results.append(_write_photo(photo, image, faces))
         pending.clear()
 
-    def _write_photo(photo: Path, image, boxes, raw, pts, scores, face) -> dict:
+    def _write_photo(photo: Path, image, faces: Faces) -> dict:
         stem = photo.stem
         if stem in stems:  # two photos of one name from different folders
             stem = next(f"{stem}-{i}" for i in range(2, len(paths) + 2) if f"{stem}-{i}" not in stems)
         stems.add(stem)
+        boxes, pts, scores, face = faces.boxes, faces.points, faces.scores, faces.is_face
         write_png(out / f"{stem}_keypoints.png", annotate(image, boxes[face], pts[face], schema, np.flatnonzero(face)))
         res = photo_record(str(photo), image.shape[1], image.shape[0], detector=found.description,
                            schema=schema.name, names=schema.names, checkpoints=checkpoints, tta=tta,
-                           boxes=boxes, detector_boxes=raw, points=pts, scores=scores, is_face=face,
+                           boxes=boxes, detector_boxes=faces.detector_boxes, points=pts, scores=scores, is_face=face,
                            presence_threshold=threshold)
         write_photo_json(out / f"{stem}_keypoints.json", res)
         per_photo.append((str(photo), boxes, pts, scores, face))

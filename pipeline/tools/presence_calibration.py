@@ -27,11 +27,12 @@ from pipeline.core.io import check_output
 from pipeline.core.paths import CACHE_DIR, FOLDS_FILE
 from pipeline.formats.annotations import read_image, safe_image_path
 from pipeline.formats.cache import META_COLUMNS, dataset_root, read_meta
-from pipeline.formats.checkpoint import PRESENCE_RADIUS, load_checkpoint, presence_stamp, save_checkpoint
+from pipeline.formats.checkpoint import PRESENCE_RADIUS, presence_stamp, save_checkpoint
 from pipeline.formats.folds import read_folds
 from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.predictor import load_predictor
 from pipeline.inference.presence import choose_threshold, non_face_boxes, roc_auc
-from pipeline.keypoints.geometry import crop_one, crop_transform
+from pipeline.keypoints.geometry import crop_face
 
 log = logging.getLogger(__name__)
 
@@ -72,32 +73,34 @@ def held_out_boxes(cache_dir: str | os.PathLike, folds_path: str | os.PathLike, 
 
 def calibrate_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike, folds_path: str | os.PathLike,
                          root: Path, fold: int | None = None, seed: int = 0,
-                         device: str = "cpu") -> dict[str, Any]:
+                         device: str = "cpu") -> tuple[dict[str, Any], dict[str, Any]]:
     """The presence calibration of one checkpoint: its stamp (`presence_stamp`: threshold,
-    radius, auc, faces, non_faces, ...) and the scores by kind of crop."""
-    ckpt = load_checkpoint(path)
+    radius, auc, faces, non_faces, ...) and the scores by kind of crop; and the checkpoint as
+    loaded (the torch backend's meta is the checkpoint dict), for the stamp to go into."""
+    dev = resolve_device(device)
+    model, ckpt = load_predictor(path, "torch", dev)
     if fold is None:
         if not isinstance(ckpt.get("fold"), int):
             raise PipelineError(path, "the checkpoint names no fold: give --fold (its held-out fold)")
         fold = int(ckpt["fold"])
     items, skipped = held_out_boxes(cache_dir, folds_path, fold, root, seed)
-    landmarker = Landmarker.from_checkpoints([path], backend="torch", device=resolve_device(device), tta="flip")
+    # the score at the default radius, whatever the checkpoint held before (a bad stamp too)
+    landmarker = Landmarker([(model, {**ckpt, "presence": presence_stamp(0.0, PRESENCE_RADIUS)})], tta="flip",
+                            device=dev, paths=[path])
 
     def crop(size: int, expand: float) -> tuple[np.ndarray, np.ndarray]:
-        a = np.stack([crop_transform(box, expand, size) for _, box, _ in items])
-        crops: list[np.ndarray] = []
+        crops, a = [], []
         images: dict[Path, np.ndarray] = {}
-        for (photo, _, _), m in zip(items, a):  # items come photo by photo: keep the current one
+        for photo, box, _ in items:  # items come photo by photo: keep the current one
             if photo not in images:
                 images = {photo: read_image(photo)}
-            crops.append(crop_one(images[photo], m, size))
-        return np.stack(crops), a
+            face, m = crop_face(images[photo], box, expand, size)
+            crops.append(face)
+            a.append(m)
+        return np.stack(crops), np.stack(a)
 
-    model = landmarker.models[0]
     if not hasattr(model, "forward_maps"):
         raise PipelineError(path, "this model has no heatmaps: the presence score reads them")
-    # the score at the default radius, whatever the checkpoint held before
-    landmarker.metas[0] = {**landmarker.metas[0], "presence": presence_stamp(0.0, PRESENCE_RADIUS)}
     _, scores = landmarker.predict_faces_scored(crop)
     kinds = np.array([k for _, _, k in items])
     pos, neg = scores[kinds == "face"], scores[kinds != "face"]
@@ -112,7 +115,7 @@ def calibrate_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike, 
     stamp = presence_stamp(chosen["threshold"], PRESENCE_RADIUS, auc=chosen["auc"], faces=int(len(pos)),
                            non_faces=int(len(neg)), faces_kept=chosen["faces_kept"],
                            non_faces_dropped=chosen["non_faces_dropped"], fold=fold, tta="flip", seed=seed)
-    return {"checkpoint": str(path), "stamp": stamp, "by_kind": by_kind, "skipped": skipped}
+    return {"checkpoint": str(path), "stamp": stamp, "by_kind": by_kind, "skipped": skipped}, ckpt
 
 
 def run_calibrate_presence(cfg: Config, checkpoints: Sequence[str], cache_dir: str | os.PathLike = CACHE_DIR,
@@ -127,12 +130,10 @@ def run_calibrate_presence(cfg: Config, checkpoints: Sequence[str], cache_dir: s
     root = dataset_root(cfg.data)
     results = []
     for path in checkpoints:
-        res = calibrate_checkpoint(path, cache_dir, folds_path, root, fold, seed, device)
+        res, ckpt = calibrate_checkpoint(path, cache_dir, folds_path, root, fold, seed, device)
         if res["skipped"]:
             log.warning("%s: %d held-out faces skipped (photo not under %s)", path, res["skipped"], root)
-        ckpt = load_checkpoint(path)
-        ckpt["presence"] = res["stamp"]
-        save_checkpoint(out or path, ckpt)
+        save_checkpoint(out or path, {**ckpt, "presence": res["stamp"]})
         s = res["stamp"]
         log.info("%s: fold %d, %d faces vs %d non-faces: ROC AUC %.4f, threshold %.3f (faces kept %.1f%%, "
                  "non-faces dropped %.1f%%) -> %s", path, s["fold"], s["faces"], s["non_faces"], s["auc"],

@@ -80,7 +80,6 @@ def track_video(src: str | int | os.PathLike, landmarker: Landmarker, vcfg: Vide
     source also ends at Ctrl-C)."""
     schema = landmarker.schema
     is_live = capture_source(src) is not None
-    cap, fps, declared = open_capture(src) if is_live else open_video(src)  # type: ignore[arg-type]  # a file
     # "poly": a centred local quadratic in time over the frames within +-half_s of each frame's
     # time stamp (no lag, half_s of latency), applied here; "one_euro": causal, by the tracker
     half_s = vcfg.half_window_s if vcfg.filter == "poly" else 0.0
@@ -88,34 +87,34 @@ def track_video(src: str | int | os.PathLike, landmarker: Landmarker, vcfg: Vide
     # closed); its window is sliced as wide, local_poly_in_time then keeps the frames within it
     reach = half_s + 2 * WINDOW_TOLERANCE_S
     causal = vcfg.filter == "one_euro"
-    try:
-        tracker = Tracker(landmarker, vcfg, smoothing="one_euro" if causal else "none", detect=detect)
-    except BaseException:
-        cap.release()
-        raise
+    tracker = Tracker(landmarker, vcfg, smoothing="one_euro" if causal else "none", detect=detect)
+    cap, fps, declared = open_capture(src)
     rows: dict[str, list] = {"frame": [], "time": [], "face": [], "raw": [], "smoothed": [], "side": [], "box": [],
                              "score": []}
     writer = AtomicVideoWriter(out_mp4, fps) if out_mp4 is not None else None
     kept: dict[int, tuple[np.ndarray, ...]] = {}  # frame -> (raw, smoothed)
     keep_frames = set(keep)
     track_rows: dict[int, list[int]] = {}  # face id -> its rows, in frame order (open tracks)
-    track_times: dict[int, list[float]] = {}  # face id -> the times of its rows
     done: dict[int, int] = {}  # face id -> how many of its rows are smoothed
     pending: list[tuple[int, np.ndarray, list[int]]] = []  # frames not yet drawn: (index, image, rows)
 
     def settle(now: float, live: set[int]) -> None:
         """Smooth every row whose window is complete (a frame more than `reach` after it seen,
         or its track closed), then draw the frames whose rows are all smoothed."""
+        times = rows["time"]
         for fid in list(track_rows):
-            rs, ts, j = track_rows[fid], track_times[fid], done.get(fid, 0)
-            while not causal and j < len(rs) and (fid not in live or ts[j] + reach < now):
-                lo, hi = bisect.bisect_left(ts, ts[j] - reach), bisect.bisect_right(ts, ts[j] + reach)
+            rs, j = track_rows[fid], done.get(fid, 0)  # rs in frame order: their times increase
+            while not causal and j < len(rs) and (fid not in live or times[rs[j]] + reach < now):
+                t = times[rs[j]]
+                lo = bisect.bisect_left(rs, t - reach, key=times.__getitem__)
+                hi = bisect.bisect_right(rs, t + reach, key=times.__getitem__)
                 window = np.asarray([rows["raw"][r] for r in rs[lo:hi]])
-                rows["smoothed"][rs[j]] = local_poly_in_time(window, np.asarray(ts[lo:hi]), j - lo, half_s)
+                rows["smoothed"][rs[j]] = local_poly_in_time(window, np.asarray([times[r] for r in rs[lo:hi]]),
+                                                             j - lo, half_s)
                 j += 1
             done[fid] = j
             if fid not in live:
-                del track_rows[fid], track_times[fid]  # closed, every row smoothed
+                del track_rows[fid]  # closed, every row smoothed
         while pending and all(rows["smoothed"][r] is not None for r in pending[0][2]):
             j, image, rs = pending.pop(0)
             if writer is not None:
@@ -145,7 +144,6 @@ def track_video(src: str | int | os.PathLike, landmarker: Landmarker, vcfg: Vide
                 for face in tracker.update(frame, t):
                     these.append(len(rows["frame"]))
                     track_rows.setdefault(face.id, []).append(len(rows["frame"]))
-                    track_times.setdefault(face.id, []).append(t)
                     rows["frame"].append(i)
                     rows["time"].append(t)
                     rows["face"].append(face.id)

@@ -14,7 +14,9 @@ import torch
 from pipeline.core.errors import PipelineError
 from pipeline.detection.detectors import get_detector
 from pipeline.detection.haar import cascade_available
+from pipeline.formats.checkpoint import DEFAULT_PRESENCE_THRESHOLD, PRESENCE_RADIUS, presence_stamp
 from pipeline.inference.landmarker import Landmarker
+from pipeline.inference.presence import scorer
 from pipeline.inference.tta import predict_original
 from pipeline.keypoints.geometry import crop_one, crop_transform
 from pipeline.keypoints.schema import IBUG68
@@ -55,6 +57,38 @@ def test_each_model_crops_as_trained_and_the_ensemble_is_their_mean_less_the_bia
         landmarker.calibration = np.zeros((5, 2))
 
 
+class FlatMaps(Fixed):
+    """`Fixed` with flat 16 x 16 heatmaps: its presence score is the share of the map within
+    its scorer's radius of each point."""
+
+    def forward_maps(self, x):
+        return self(x), torch.full((x.shape[0], 68, 16, 16), 1 / 256)
+
+
+def _crops(size, expand):
+    a = np.stack([crop_transform(b, expand, size) for b in BOXES])
+    return np.stack([crop_one(IMAGE, m, size) for m in a]), a
+
+
+def test_scored_predictions_are_the_plain_ones_with_each_models_own_presence_score():
+    models = [(FlatMaps(COORDS[0]), {**_meta(32, 1.25), "presence": presence_stamp(0.5, 0.05)}),
+              (FlatMaps(COORDS[1]), {**_meta(32, 1.25), "presence": presence_stamp(0.5, 0.2)}),
+              (Fixed(COORDS[0]), _meta(40, 1.6))]
+    landmarker = Landmarker(models, tta="flip", device="cpu")
+    calls = []
+    points, scores = landmarker.per_model_scored(lambda size, expand: calls.append((size, expand)) or
+                                                 _crops(size, expand))
+    assert calls == [(32, 1.25), (40, 1.6)]  # once per geometry
+    np.testing.assert_allclose(points, landmarker.per_model(_crops), atol=1e-9)
+    for (model, meta), got in zip(models[:2], scores):
+        want = predict_original(model, meta, *_crops(32, 1.25), "flip", 8, torch.device("cpu"),
+                                presence=scorer(meta["presence"]["radius"]))["presence"]
+        np.testing.assert_allclose(got, want, atol=1e-9)
+    assert (scores[1] > scores[0]).all() and np.isnan(scores[2]).all()  # the wider radius; no heatmaps
+    # the ensemble's score: the mean of the models' that have heatmaps
+    np.testing.assert_allclose(landmarker.predict_scored(IMAGE, BOXES)[1], scores[:2].mean(0), atol=1e-9)
+
+
 def test_predict_batch_detects_when_no_boxes_and_keeps_photos_apart(monkeypatch):
     import pipeline.inference.landmarker as lm
 
@@ -70,6 +104,45 @@ def test_predict_batch_detects_when_no_boxes_and_keeps_photos_apart(monkeypatch)
     assert seen == [(IMAGE.shape, 1, "haar")]
 
 
+def test_faces_batch_converts_and_detects_each_photo_once_and_keeps_what_passes(monkeypatch):
+    import pipeline.inference.landmarker as lm
+
+    raw = BOXES + 1.5  # the detector's own boxes, told apart from the converted ones
+    seen, converted = [], []
+    monkeypatch.setattr(lm, "locate_faces", lambda image, max_faces=0, detector=None:
+                        (seen.append(max_faces) or BOXES, raw))
+    read = lm.as_photo
+    monkeypatch.setattr(lm, "as_photo", lambda image, where="image": converted.append(where) or read(image, where))
+    meta = {**_meta(32, 1.25), "presence": presence_stamp(0.0, 0.2)}  # every face passes
+    points, scores = Landmarker([(FlatMaps(COORDS[0]), meta)], tta="none").predict_scored(IMAGE, BOXES)
+    landmarker = Landmarker([(FlatMaps(COORDS[0]), meta)], tta="none")
+    seen.clear(), converted.clear()
+    blank = np.zeros((50, 60, 3), np.uint8)
+    out = landmarker.faces_batch([IMAGE, blank], max_faces=1)
+    assert converted == ["images[0]", "images[1]"] and seen == [0, 0]  # all detections, then the largest face
+    for faces in out:
+        np.testing.assert_array_equal(faces.boxes, BOXES[:1])
+        np.testing.assert_array_equal(faces.detector_boxes, raw[:1])
+        assert faces.is_face.tolist() == [True] and faces.non_faces == 0
+    np.testing.assert_allclose(out[0].points, points[:1], atol=1e-9)
+    np.testing.assert_allclose(out[0].scores, scores[:1], atol=1e-9)
+    # a threshold above every score: no face, or with keep_all every detection marked
+    above = Landmarker([(FlatMaps(COORDS[0]), {**meta, "presence": presence_stamp(1.0, 0.2)})], tta="none")
+    assert len(above.faces(IMAGE)) == 0 and above.faces(IMAGE).non_faces == 2
+    marked = above.faces(IMAGE, keep_all=True)
+    assert marked.is_face.tolist() == [False, False] and marked.non_faces == 2
+    np.testing.assert_array_equal(marked.detector_boxes, raw)
+    assert above.faces(IMAGE, BOXES, keep_all=True).detector_boxes is None  # boxes given
+    # boxes given with the detector's own beside them (predict-image detects before it batches)
+    seen.clear()
+    (given,) = above.faces_batch([IMAGE], [BOXES], keep_all=True, detector_boxes=[raw])
+    np.testing.assert_array_equal(given.detector_boxes, raw)
+    np.testing.assert_array_equal(given.boxes, BOXES)
+    assert not seen
+    with pytest.raises(PipelineError, match="one box per box of boxes_list"):
+        above.faces_batch([IMAGE], [BOXES], detector_boxes=[raw[:1]])
+
+
 def test_models_of_other_schemas_and_tta_none_with_jitter_are_refused():
     with pytest.raises(PipelineError, match="tta_jitter 0.1 needs tta flip"):
         Landmarker([(Fixed(COORDS[0]), _meta(32, 1.25))], tta="none", jitter=0.1)
@@ -78,6 +151,19 @@ def test_models_of_other_schemas_and_tta_none_with_jitter_are_refused():
     other = {**_meta(32, 1.25), "schema": {"name": "custom", "names": ["a"], "flip": [0], "eyes": None}}
     with pytest.raises(PipelineError, match="model is for schema 'custom'"):
         Landmarker([(Fixed(COORDS[0]), _meta(32, 1.25)), (Fixed(COORDS[1]), other)])
+
+
+def test_the_presence_calibration_is_read_once_when_the_models_load():
+    """Each model's presence calibration and the ensemble's threshold (the mean of theirs)
+    are read from the metas at load: a bad stamp fails there, naming the model's file."""
+    calibrated = {**_meta(32, 1.25), "presence": presence_stamp(0.4, 0.08)}
+    landmarker = Landmarker([(Fixed(COORDS[0]), calibrated), (Fixed(COORDS[1]), _meta(32, 1.25))])
+    assert [p["calibrated"] for p in landmarker.presence] == [True, False]
+    assert [p["radius"] for p in landmarker.presence] == [0.08, PRESENCE_RADIUS]
+    assert landmarker.presence_threshold == pytest.approx((0.4 + DEFAULT_PRESENCE_THRESHOLD) / 2)
+    bad = {**_meta(32, 1.25), "presence": {"threshold": 2.0, "radius": 0.05}}
+    with pytest.raises(PipelineError, match=r"^m\.pt: bad presence calibration"):
+        Landmarker([(Fixed(COORDS[0]), bad)], paths=["m.pt"])
 
 
 def test_from_checkpoints_takes_its_options_by_name_only():

@@ -7,14 +7,20 @@ import pytest
 from pipeline.detection.haar import cascade_available
 from pipeline.keypoints.smoothing import (
     OneEuroFilter,
-    local_poly_at,
-    local_poly_weights,
+    local_poly_fit_weights,
+    local_poly_in_time,
     smoothing_factor,
 )
 
 needs_haar = pytest.mark.skipif(not cascade_available(), reason="this OpenCV has no Haar cascade (OpenCV 5)")
 C = {"w_scale": 1.0, "h_scale": 1.12, "dx": 0.0, "dy": -0.06}
 HAAR = ["--set", "video.detector=haar"]  # the test video's face was chosen for it; the others are optional
+
+
+def poly_at(xs: np.ndarray, i: int, half: int) -> np.ndarray:
+    """`local_poly_in_time` of frames one second apart: the window is the frames i - half ..
+    i + half (clipped to the sequence)."""
+    return local_poly_in_time(xs, np.arange(len(xs), dtype=np.float64), i, half)
 
 
 def smooth_sequence(xs: np.ndarray, fps: float, min_cutoff: float, beta: float, d_cutoff: float,
@@ -76,14 +82,14 @@ def test_local_quadratic_has_no_bias_at_a_tracks_ends():
     # there is biased by a multiple of the acceleration, largest on the third frame from an end)
     t = np.arange(15, dtype=float)
     x = 0.15 * t ** 2 - 2 * t + 1  # acceleration 0.3 px/frame^2
-    smoothed = np.array([local_poly_at(x, i, 3) for i in range(15)])
+    smoothed = np.array([poly_at(x, i, 3) for i in range(15)])
     np.testing.assert_allclose(smoothed, x, rtol=0, atol=1e-9)
     # fitted, not interpolated, at the ends: the value at a sample of a least-squares fit
     # never amplifies the noise (weights' sum of squares <= 1) and averages it from 5 points on
     for before, after in ((0, 3), (1, 3), (2, 3), (3, 0), (3, 2)):
-        w = local_poly_weights(before, after)
+        w = local_poly_fit_weights(np.arange(-before, after + 1))
         assert w.sum() == pytest.approx(1) and (w ** 2).sum() <= 1 + 1e-12
         if before + after + 1 >= 5:
             assert (w ** 2).sum() < 0.9
     # too few points for a quadratic (a track two frames long): the highest order they fix
-    np.testing.assert_allclose([local_poly_at(x[:2], i, 3) for i in range(2)], x[:2], atol=1e-12)
+    np.testing.assert_allclose([poly_at(x[:2], i, 3) for i in range(2)], x[:2], atol=1e-12)

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from pipeline.keypoints.smoothing import OneEuroFilter, local_poly_at, local_poly_weights, smoothing_factor
+from pipeline.keypoints.smoothing import OneEuroFilter, local_poly_fit_weights, local_poly_in_time, smoothing_factor
 from pipeline.keypoints.temporal import (
     lag,
     lag_along_motion,
@@ -11,6 +11,12 @@ from pipeline.keypoints.temporal import (
     second_difference_jitter,
     track_summary,
 )
+
+
+def poly_at(xs: np.ndarray, i: int, half: int) -> np.ndarray:
+    """`local_poly_in_time` of frames one second apart: the window is the frames i - half ..
+    i + half (clipped to the sequence)."""
+    return local_poly_in_time(xs, np.arange(len(xs), dtype=np.float64), i, half)
 
 
 def _face(n, motion):
@@ -49,7 +55,7 @@ def test_lag_along_motion_is_the_causal_lag_on_a_ramp_and_zero_for_a_centred_fil
     causal = np.stack([ema(p, i / 25) for i, p in enumerate(raw)])
     a = float(smoothing_factor(2.0, 1 / 25))
     assert lag_along_motion(frame, face, causal, raw) == pytest.approx(-speed * (1 - a) / a / 10, rel=0.03)
-    centred = np.stack([local_poly_at(raw, t, 3) for t in range(n)])
+    centred = np.stack([poly_at(raw, t, 3) for t in range(n)])
     assert lag_along_motion(frame, face, centred, raw) == pytest.approx(0.0, abs=1e-9)
     ahead = np.concatenate([raw[2:], raw[-2:]])  # two frames early: + 2 frames of motion
     assert lag_along_motion(frame, face, ahead, raw) == pytest.approx(2 * speed / 10, rel=0.03)
@@ -60,12 +66,12 @@ def test_lag_along_motion_is_not_inflated_by_the_noise_a_filter_removes():
     frame, face = np.arange(n), np.zeros(n, dtype=int)
     rng = np.random.default_rng(0)
     noisy = _face(n, lambda t: np.zeros(2)) + rng.normal(0, 0.3, (n, 68, 2))  # a still face, 0.3 px noise
-    smoothed = np.stack([local_poly_at(noisy, t, 3) for t in range(n)])
+    smoothed = np.stack([poly_at(noisy, t, 3) for t in range(n)])
     offset = lag(frame, face, smoothed, noisy)["offset"]  # mostly the removed noise
     assert offset > 0.02 and abs(lag_along_motion(frame, face, smoothed, noisy)) < 0.02 * offset
     # the same noise on a ramp: the centred filter still shows no lag, the offset is unchanged
     moving = noisy + _face(n, lambda t: np.array([0.3 * t, 0.0])) - _face(n, lambda t: np.zeros(2))
-    smoothed = np.stack([local_poly_at(moving, t, 3) for t in range(n)])
+    smoothed = np.stack([poly_at(moving, t, 3) for t in range(n)])
     assert abs(lag_along_motion(frame, face, smoothed, moving)) < 0.02 * offset
     assert lag_along_motion(frame, face, moving, moving) == 0.0  # unsmoothed: no offset at all
 
@@ -88,8 +94,8 @@ def test_per_second_rate_finds_the_slowest_second():
 def test_centred_local_quadratic_passes_a_quadratic_motion_without_lag_and_averages_noise():
     t = np.arange(15, dtype=float)
     x = 0.3 * t ** 2 - 2 * t + 1
-    np.testing.assert_allclose([local_poly_at(x, i, 3) for i in range(3, 12)], x[3:12], atol=1e-9)
-    w = local_poly_weights(3, 3)
+    np.testing.assert_allclose([poly_at(x, i, 3) for i in range(3, 12)], x[3:12], atol=1e-9)
+    w = local_poly_fit_weights(np.arange(-3, 4))
     assert w.sum() == pytest.approx(1) and (w ** 2).sum() < 0.35  # noise variance x 0.33 at the centre
     # a one-sided window (a track's last frame) fits the same quadratic: exact on linear motion too
-    assert local_poly_at(2 * t, 14, 3) == pytest.approx(28)
+    assert poly_at(2 * t, 14, 3) == pytest.approx(28)

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from pipeline.detection.haar import cascade_available
-from pipeline.formats.checkpoint import load_checkpoint
+from pipeline.formats.checkpoint import checkpoint_identity, load_checkpoint
 from pipeline.formats.photo_keypoints import read_photo_json, read_photo_keypoints_csv
 from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.onnx_runtime import onnx_available
@@ -26,8 +26,12 @@ def test_the_score_separates_held_out_faces_from_non_face_crops(face_model, caps
     assert set(by_kind) == {"face", "shifted", "part", "wide", "background"}
     assert all(v["auc"] >= 0.8 for k, v in by_kind.items() if k != "face"), by_kind
     # the threshold travels in the checkpoint (written to --out; the original is untouched)
-    assert load_checkpoint(face_model["ckpt"])["presence"] == stamp
-    assert "presence" not in load_checkpoint(face_model["raw"])
+    calibrated, raw = load_checkpoint(face_model["ckpt"]), load_checkpoint(face_model["raw"])
+    assert calibrated["presence"] == stamp
+    assert "presence" not in raw
+    # the same checkpoint otherwise: every key, the weights and what they predict with
+    assert set(calibrated) == set(raw) | {"presence"}
+    assert checkpoint_identity(calibrated) == checkpoint_identity(raw)
     landmarker = Landmarker.from_checkpoints([face_model["ckpt"]], device="cpu")
     assert landmarker.presence_threshold == stamp["threshold"] and landmarker.presence[0]["calibrated"]
     assert not Landmarker.from_checkpoints([face_model["raw"]], device="cpu").presence[0]["calibrated"]

@@ -228,7 +228,7 @@ def test_poly_smoothing_windows_in_seconds_of_the_frames_time_stamps(monkeypatch
     # frame's smoothed points are the value at its time of the least-squares quadratic in time
     # through the frames within +-half_window_s of it (no frame lies near the window's edge)
     ms = np.cumsum([0] + [15, 25, 90] * 10)
-    monkeypatch.setattr("pipeline.tools.video.open_video", lambda src: (TimedCapture(ms), 25.0, len(ms)))
+    monkeypatch.setattr("pipeline.tools.video.open_capture", lambda src: (TimedCapture(ms), 25.0, len(ms)))
     vcfg = load_config(None, []).video
     assert vcfg.filter == "poly" and vcfg.half_window_s == 0.1
     face = NoisyStillFace(vcfg)
