@@ -1,15 +1,8 @@
-"""The per-frame face tracker, for live sources (a webcam, a stream, a game engine) driven
-from the caller's own loop:
-
-    tracker = landmarker.tracker()
-    for frame in source:                  # RGB uint8 (H, W, 3)
-        faces = tracker.update(frame, t)  # t: the frame's time in seconds
-
-`faces` lists the faces shown on this frame (`TrackedFace`: id, box, points, raw points,
-face-presence score). It runs pipeline/inference/tracking.py's `FaceTracker` with the
+"""The per-frame face tracker for live sources (a webcam, a stream, a game engine) driven from
+the caller's own loop: `Tracker.update(frame, t)` runs tracking.py's `FaceTracker` with the
 Landmarker's scored predictions, gated by the models' face-presence threshold, and smooths
-causally (One Euro) by default: a live view cannot look ahead. `pipeline predict-video` is a
-loop over it without smoothing, as it smooths a file afterwards with the centred window."""
+causally (One Euro) by default, since a live view cannot look ahead. `pipeline predict-video`
+is a loop over it. Usage: docs/video.md, "Live sources"."""
 
 from __future__ import annotations
 

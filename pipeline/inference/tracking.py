@@ -1,36 +1,16 @@
-"""Faces across video frames: detect on the first frame and every `detect_every` frames (and
-sooner, at most every `retry_every` frames, while a track is lost or nothing is tracked); in between, a face's box on the next frame is the box of its
-keypoints on this one, mapped to the box convention the model was trained with
-(`points_to_box`). Every track has an id that is never reused, and a track is closed when
-its face leaves the picture, goes undetected on more than `max_missed` detection frames in
-a row, is lost and not found again, or duplicates an older track.
+"""Faces across video frames, one track and one never-reused id per face. The detector runs
+every `detect_every` frames, and sooner while a track is lost or nothing is tracked, but then
+at most every `retry_every` frames, so its cost stays bounded whatever the model does; in
+between, a face's next box is the box of its keypoints on this frame (`points_to_box`, in the
+training boxes' convention). A track closes when its face leaves the picture, goes undetected
+on more than `max_missed` detection frames in a row, is lost and not found again, duplicates
+an older track, or (given a `threshold`) still scores below the face-presence threshold after
+the detector's next run.
 
-The detector and the keypoint predictor are injected (`detect(image) -> boxes (M, 4)` in
-the training convention, `predict(image, boxes) -> points (M, K, 2)` or `(points, scores
-(M,))`), so the tracker runs on synthetic sequences in tests and on any backend in
-`pipeline predict-video` (through pipeline/inference/live.py's per-frame `Tracker`).
-
-With a `threshold` and a predictor that scores its faces (the face-presence score of
-pipeline/inference/presence.py), only faces are tracked: a detection starts a track only
-when its face scores at least the threshold (a false detection on a wall never gets an
-id); a tracked face that scores below it is hidden (not returned, its last good box kept)
-and owes the detector a run, as a lost track does; if it still scores below the threshold
-after that run (or the run does not find it), it is closed. A face that scores well again
-on its own comes back under its id.
-
-A track is lost when the box of its keypoints is tiny or overlaps its last box below
-`match_iou` (the keypoints left the face, e.g. a weak model on a hard frame): the detector
-runs on the next frame `retry_every` allows, and the detection matching the track's last good box takes over under
-the same id. The detector's cost is bounded: a lost track, a face that left, or an empty
-picture call it at most once every `retry_every` frames (a lost track keeps its last good
-box in between), so a poor model costs at most fps / retry_every + fps / detect_every
-detector runs a second, never one per frame.
-
-One face gives one track: a detection that overlaps a track (IoU >= match_iou, or half of
-the smaller box inside the other: the detector firing on the same face at another scale)
-continues that track (it counts as found, so the track is not closed as undetected; a
-detection far smaller than the track's box never replaces the box) and never starts a
-second one, and of two tracks whose keypoint boxes overlap that way the younger is closed."""
+The detector and the predictor are injected (`detect(image) -> boxes (M, 4)`, `predict(image,
+boxes) -> points (M, K, 2)` or `(points, scores (M,))`), so tests drive the tracker with
+synthetic sequences and pipeline/inference/live.py with any backend. The rules and their
+params: docs/video.md, "Tracking"."""
 
 from __future__ import annotations
 
