@@ -17,11 +17,13 @@ from pydantic import (
     ConfigDict,
     Field,
     JsonValue,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import DEMO_DIR
@@ -72,15 +74,14 @@ class Section(BaseModel):
         return out
 
 
-class ParamValueError(ValueError):
-    """A validator's complaint that is already the whole sentence (it names the keys at
-    fault), shown as it is instead of the field's generic requirement."""
+# a validator's complaint that is already the whole sentence (it names the keys at fault),
+# shown as it is instead of the field's requirement
+PARAM_RULE = "param_rule"
 
 
 def is_switch(field: FieldInfo) -> bool:
     """An on/off field (train.amp, video.smooth, ...): its choices hold both on and off."""
-    choices = getattr(field.annotation, "__args__", ()) if getattr(field.annotation, "__origin__", None) is Literal \
-        else ()
+    choices = _choices(field) or ()
     return "on" in choices and "off" in choices
 
 
@@ -139,17 +140,18 @@ with warnings.catch_warnings():  # `schema` shadows BaseModel's deprecated class
             seen: dict[str, str] = {}
             for name, folder in v.items():
                 if not EXTRA_NAME.fullmatch(name):
-                    raise ParamValueError(f"'data.extra_train' name {name!r} must be letters, digits, _ and - "
-                                          "(not starting with -)")
+                    raise PydanticCustomError(PARAM_RULE, f"'data.extra_train' name {name!r} must be letters, "
+                                                          "digits, _ and - (not starting with -)")
                 if not folder:
-                    raise ParamValueError(f"'data.extra_train.{name}' must be a folder, got ''")
+                    raise PydanticCustomError(PARAM_RULE, f"'data.extra_train.{name}' must be a folder, got ''")
                 real = os.path.realpath(folder)
                 if real == os.path.realpath(main):
-                    raise ParamValueError(f"'data.extra_train.{name}' is data.dir ({main}): its faces are "
-                                          "already trained on and validated")
+                    raise PydanticCustomError(PARAM_RULE, f"'data.extra_train.{name}' is data.dir ({main}): its "
+                                                          "faces are already trained on and validated")
                 if real in seen:
-                    raise ParamValueError(f"'data.extra_train.{seen[real]}' and 'data.extra_train.{name}' are "
-                                          f"the same folder ({folder}): give each folder once")
+                    raise PydanticCustomError(PARAM_RULE, f"'data.extra_train.{seen[real]}' and "
+                                                          f"'data.extra_train.{name}' are the same folder "
+                                                          f"({folder}): give each folder once")
                 seen[real] = name
             return v
 
@@ -182,6 +184,7 @@ class CropParams(Section):
 # extension; its named group 'photo' is the group. The default is 300-W's naming (face
 # _1.._99, mirror _mirror): see pipeline.formats.annotations.photo_group
 GROUP_REGEX = r"^(?P<photo>.+?)(?:_\d{1,2})?(?:_mirror)?$"
+
 
 
 class FoldsParams(Section):
@@ -478,31 +481,39 @@ def requirement(field: FieldInfo) -> str:
     return f"a {type_name(field)}"
 
 
-def _type_ok(field: FieldInfo, value: Any) -> bool:
-    types = _base_types(field.annotation)
-    if isinstance(value, bool):
-        return bool in types
-    if float in types and isinstance(value, int):
-        return True
-    return any(isinstance(value, t) for t in types if t is not Any)
+# Pydantic finds each problem and names its kind; error_line words it as docs/params.md does
+# ("an integer in [8, 4096]", "auto, on or off"), since pydantic's text speaks Python ("Input
+# should be a valid integer") and gives one bound of a range. The rules between keys stay out
+# of pydantic (check_params): they hold only once the file and every --set are merged, and
+# name the --set or file each key came from, which a validator cannot know.
+UNKNOWN_KEY = ("extra_forbidden", "invalid_key")  # a key not in the schema, a key not a string
 
 
-def explain_error(err: dict, section: str) -> str:
-    """One pydantic error of a section -> "'train.lr' must be a number > 0, got -1"."""
-    if isinstance((err.get("ctx") or {}).get("error"), ParamValueError):
-        return str(err["ctx"]["error"])
-    name = str(err["loc"][0])
-    key = f"{section}.{name}"
-    field = section_fields(section)[name]
-    value = err["input"] if len(err["loc"]) == 1 else None
-    if len(err["loc"]) == 1:
-        if err["type"] == "finite_number":
-            return f"'{key}' must be a finite number, got {value!r}"
-        if not _type_ok(field, value):
-            what = "a mapping" if dict in _base_types(field.annotation) else type_name(field)
-            return f"'{key}' must be {what}, got {value!r}"
-        return f"'{key}' must be {requirement(field)}, got {value!r}"
-    return f"'{key}' must be {requirement(field)}"  # an element of a list
+def error_line(error: ValidationError) -> str:
+    """The first problem pydantic found in a params mapping, an unknown key first (a misspelt
+    key explains the most), in one line: "unknown key 'train.lrr'", "'train' must be a
+    mapping", "'train.lr' must be a number > 0, got -1"."""
+    err = min(error.errors(), key=lambda e: e["type"] not in UNKNOWN_KEY)
+    kind, loc, value = err["type"], [str(p) for p in err["loc"]], err["input"]
+    key = ".".join(loc[:2])
+    if kind in UNKNOWN_KEY:
+        return f"unknown key '{key}'"
+    if kind == PARAM_RULE:
+        return err["msg"]
+    if len(loc) == 1:
+        return f"'{key}' must be a mapping"  # a section
+    field = section_fields(loc[0])[loc[1]]
+    if len(loc) > 2:
+        return f"'{key}' must be {requirement(field)}"  # an element of a list or mapping
+    if kind == "finite_number":
+        what = "a finite number"
+    elif kind == "dict_type":
+        what = "a mapping"
+    elif kind.endswith("_type") or (kind == "literal_error" and type(value) not in map(type, _choices(field) or ())):
+        what = type_name(field)
+    else:  # a range, a choice or a validator's check
+        what = requirement(field)
+    return f"'{key}' must be {what}, got {value!r}"
 
 
 # ---------------------------------------------------------------- the rules between keys
