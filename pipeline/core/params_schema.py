@@ -10,9 +10,10 @@ import math
 import os
 import re
 import warnings
-from typing import Any, Callable, Literal, Optional, get_args, get_origin
+from typing import Annotated, Any, Callable, Literal, Optional, get_args, get_origin
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
@@ -55,6 +56,18 @@ def param(default: Any, doc: str, *, speed_only: bool = False, runtime: bool = F
     return Field(default, description=doc, json_schema_extra=extra or None, **constraints)
 
 
+def holds(rule: Callable[[Any], bool]) -> AfterValidator:
+    """A field's rule beyond its type and range (`Annotated[int, holds(...)]`): a value
+    breaking it is refused in the words of the field's `must`."""
+
+    def check(value: Any) -> Any:
+        if not rule(value):
+            raise ValueError("breaks the field's rule")
+        return value
+
+    return AfterValidator(check)
+
+
 class Section(BaseModel):
     """One section of params.yaml: strict types (a bool is not an int, a string not a
     number; an int is taken for a float), finite floats, no unknown keys, frozen."""
@@ -64,13 +77,18 @@ class Section(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _switch_booleans(cls, data: Any) -> Any:
+    def _yaml_spellings(cls, data: Any) -> Any:
+        """YAML's booleans for a switch mean on/off; null for a mapping that takes no null
+        (data.extra_train, model.options) means an empty one."""
         if not isinstance(data, dict):
             return data
         out = dict(data)
         for name, value in data.items():
-            if isinstance(value, bool) and name in cls.model_fields and is_switch(cls.model_fields[name]):
+            field = cls.model_fields.get(name)
+            if field and isinstance(value, bool) and is_switch(field):
                 out[name] = "on" if value else "off"
+            elif field and value is None and _base_types(field.annotation) == [dict]:
+                out[name] = {}
         return out
 
 
@@ -126,11 +144,6 @@ with warnings.catch_warnings():  # `schema` shadows BaseModel's deprecated class
             must="a mapping of names (letters, digits, _ and -, not starting with -) to distinct folders, "
                  "none of them data.dir")
 
-        @field_validator("extra_train", mode="before")
-        @classmethod
-        def _null_extras(cls, v: Any) -> Any:
-            return {} if v is None else v
-
         @field_validator("extra_train")
         @classmethod
         def _extra_folders(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
@@ -169,15 +182,9 @@ class CropParams(Section):
     # not "size": DVC's run cache ignores params named size (treeverse/dvc#10296), so a
     # change would not re-run crop
     side: int = param(64, "cached face side in pixels (uint8, N x side x side x 3)", ge=8, le=4096)
-    n_jobs: int = param(2, "joblib workers (negative: all cores but n+1)", speed_only=True,
-                        must="a nonzero integer (negative: all cores but n+1)")
-
-    @field_validator("n_jobs")
-    @classmethod
-    def _nonzero(cls, v: int) -> int:
-        if v == 0:
-            raise ValueError("n_jobs")
-        return v
+    n_jobs: Annotated[int, holds(lambda n: n != 0)] = param(
+        2, "joblib workers (negative: all cores but n+1)", speed_only=True,
+        must="a nonzero integer (negative: all cores but n+1)")
 
 
 # photo groups (kept in one fold): a regex matched against each image path without its
@@ -186,33 +193,22 @@ class CropParams(Section):
 GROUP_REGEX = r"^(?P<photo>.+?)(?:_\d{1,2})?(?:_mirror)?$"
 
 
+def _has_photo_group(regex: str) -> bool:
+    try:
+        return "photo" in re.compile(regex).groupindex
+    except re.error:
+        return False
+
 
 class FoldsParams(Section):
     k: int = param(5, "number of folds", ge=2)
     seed: int = param(0, "shuffling of photo groups", ge=0)
-    train: list[int] = param([0, 1, 2, 3, 4], "folds that get a train stage in dvc.yaml (each < k, each once)",
-                             must="a list of fold numbers (integers >= 0)")
-    group_regex: str = param(GROUP_REGEX, "photo groups kept in one fold: a regex on each image path without "
-                                          "its extension, its named group 'photo' is the group",
-                             must="a regex with a named group (?P<photo>...)")
-
-    @field_validator("train")
-    @classmethod
-    def _fold_numbers(cls, v: list[int]) -> list[int]:
-        if any(f < 0 for f in v):
-            raise ValueError("train")
-        return v
-
-    @field_validator("group_regex")
-    @classmethod
-    def _photo_group(cls, v: str) -> str:
-        try:
-            ok = "photo" in re.compile(v).groupindex
-        except re.error:
-            ok = False
-        if not ok:
-            raise ValueError("group_regex")
-        return v
+    train: Annotated[list[int], holds(lambda folds: all(f >= 0 for f in folds))] = param(
+        [0, 1, 2, 3, 4], "folds that get a train stage in dvc.yaml (each < k, each once)",
+        must="a list of fold numbers (integers >= 0)")
+    group_regex: Annotated[str, holds(_has_photo_group)] = param(
+        GROUP_REGEX, "photo groups kept in one fold: a regex on each image path without its extension, its named "
+                     "group 'photo' is the group", must="a regex with a named group (?P<photo>...)")
 
 
 # The options each model preset takes (`model.options`) and their types, so that a params
@@ -257,21 +253,9 @@ class ModelParams(Section):
     model_config = ConfigDict(protected_namespaces=())
     preset: str = param("resunet-tiny", "registry name, see `pipeline models`")
     input_size: int = param(64, "network input side in pixels", ge=8, le=4096)
-    in_chans: int = param(3, "3 = colour, 1 = grayscale", must="1 or 3")
+    in_chans: Annotated[int, holds(lambda c: c in (1, 3))] = param(3, "3 = colour, 1 = grayscale", must="1 or 3")
     options: dict[str, Any] = param({}, "preset keyword overrides (width, blurpool, act, decoder_levels, map_upsample, "
                                         "...): each must be an option of the preset, of its type")
-
-    @field_validator("in_chans")
-    @classmethod
-    def _chans(cls, v: int) -> int:
-        if v not in (1, 3):
-            raise ValueError("in_chans")
-        return v
-
-    @field_validator("options", mode="before")
-    @classmethod
-    def _null_options(cls, v: Any) -> Any:
-        return {} if v is None else v
 
 
 class TrainParams(Section):
