@@ -26,7 +26,7 @@ from pipeline.core.params_schema import (
     SWITCH_DEFAULTS,
     Config,
     check_params,
-    explain_error,
+    error_line,
     is_runtime,
     is_speed_only,
     section_fields,
@@ -117,19 +117,12 @@ def merge(cfg: Config, update: Any, source: str) -> Config:
         raise PipelineError(source, "'top level' must be a mapping")
     data = cfg.model_dump()
     for name, values in update.items():
-        if name not in data:
-            raise PipelineError(source, f"unknown key '{name}'")
-        if not isinstance(values, dict):
-            raise PipelineError(source, f"'{name}' must be a mapping")
-        for key, value in values.items():
-            if key not in data[name]:
-                raise PipelineError(source, f"unknown key '{name}.{key}'")
-            data[name][key] = value
+        known = isinstance(values, dict) and isinstance(data.get(name), dict)
+        data[name] = {**data[name], **values} if known else values  # the rest is pydantic's to refuse
     try:
         return Config.model_validate(data)
     except ValidationError as e:
-        err = e.errors()[0]
-        raise PipelineError(source, explain_error(dict(err, loc=err["loc"][1:]), str(err["loc"][0]))) from None
+        raise PipelineError(source, error_line(e)) from None
 
 
 _SOURCE: dict[str, Any] = {"file": "params.yaml", "set": {}}  # of the last load_config (one per CLI process)

@@ -10,18 +10,21 @@ import math
 import os
 import re
 import warnings
-from typing import Any, Callable, Literal, Optional, get_args, get_origin
+from typing import Annotated, Any, Callable, Literal, Optional, get_args, get_origin
 
 from pydantic import (
+    AfterValidator,
     BaseModel,
     ConfigDict,
     Field,
     JsonValue,
+    ValidationError,
     ValidationInfo,
     field_validator,
     model_validator,
 )
 from pydantic.fields import FieldInfo
+from pydantic_core import PydanticCustomError
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.paths import DEMO_DIR
@@ -53,6 +56,18 @@ def param(default: Any, doc: str, *, speed_only: bool = False, runtime: bool = F
     return Field(default, description=doc, json_schema_extra=extra or None, **constraints)
 
 
+def holds(rule: Callable[[Any], bool]) -> AfterValidator:
+    """A field's rule beyond its type and range (`Annotated[int, holds(...)]`): a value
+    breaking it is refused in the words of the field's `must`."""
+
+    def check(value: Any) -> Any:
+        if not rule(value):
+            raise ValueError("breaks the field's rule")
+        return value
+
+    return AfterValidator(check)
+
+
 class Section(BaseModel):
     """One section of params.yaml: strict types (a bool is not an int, a string not a
     number; an int is taken for a float), finite floats, no unknown keys, frozen."""
@@ -62,25 +77,29 @@ class Section(BaseModel):
 
     @model_validator(mode="before")
     @classmethod
-    def _switch_booleans(cls, data: Any) -> Any:
+    def _yaml_spellings(cls, data: Any) -> Any:
+        """YAML's booleans for a switch mean on/off; null for a mapping that takes no null
+        (data.extra_train, model.options) means an empty one."""
         if not isinstance(data, dict):
             return data
         out = dict(data)
         for name, value in data.items():
-            if isinstance(value, bool) and name in cls.model_fields and is_switch(cls.model_fields[name]):
+            field = cls.model_fields.get(name)
+            if field and isinstance(value, bool) and is_switch(field):
                 out[name] = "on" if value else "off"
+            elif field and value is None and _base_types(field.annotation) == [dict]:
+                out[name] = {}
         return out
 
 
-class ParamValueError(ValueError):
-    """A validator's complaint that is already the whole sentence (it names the keys at
-    fault), shown as it is instead of the field's generic requirement."""
+# a validator's complaint that is already the whole sentence (it names the keys at fault),
+# shown as it is instead of the field's requirement
+PARAM_RULE = "param_rule"
 
 
 def is_switch(field: FieldInfo) -> bool:
     """An on/off field (train.amp, video.smooth, ...): its choices hold both on and off."""
-    choices = getattr(field.annotation, "__args__", ()) if getattr(field.annotation, "__origin__", None) is Literal \
-        else ()
+    choices = _choices(field) or ()
     return "on" in choices and "off" in choices
 
 
@@ -125,11 +144,6 @@ with warnings.catch_warnings():  # `schema` shadows BaseModel's deprecated class
             must="a mapping of names (letters, digits, _ and -, not starting with -) to distinct folders, "
                  "none of them data.dir")
 
-        @field_validator("extra_train", mode="before")
-        @classmethod
-        def _null_extras(cls, v: Any) -> Any:
-            return {} if v is None else v
-
         @field_validator("extra_train")
         @classmethod
         def _extra_folders(cls, v: dict[str, str], info: ValidationInfo) -> dict[str, str]:
@@ -139,17 +153,18 @@ with warnings.catch_warnings():  # `schema` shadows BaseModel's deprecated class
             seen: dict[str, str] = {}
             for name, folder in v.items():
                 if not EXTRA_NAME.fullmatch(name):
-                    raise ParamValueError(f"'data.extra_train' name {name!r} must be letters, digits, _ and - "
-                                          "(not starting with -)")
+                    raise PydanticCustomError(PARAM_RULE, f"'data.extra_train' name {name!r} must be letters, "
+                                                          "digits, _ and - (not starting with -)")
                 if not folder:
-                    raise ParamValueError(f"'data.extra_train.{name}' must be a folder, got ''")
+                    raise PydanticCustomError(PARAM_RULE, f"'data.extra_train.{name}' must be a folder, got ''")
                 real = os.path.realpath(folder)
                 if real == os.path.realpath(main):
-                    raise ParamValueError(f"'data.extra_train.{name}' is data.dir ({main}): its faces are "
-                                          "already trained on and validated")
+                    raise PydanticCustomError(PARAM_RULE, f"'data.extra_train.{name}' is data.dir ({main}): its "
+                                                          "faces are already trained on and validated")
                 if real in seen:
-                    raise ParamValueError(f"'data.extra_train.{seen[real]}' and 'data.extra_train.{name}' are "
-                                          f"the same folder ({folder}): give each folder once")
+                    raise PydanticCustomError(PARAM_RULE, f"'data.extra_train.{seen[real]}' and "
+                                                          f"'data.extra_train.{name}' are the same folder "
+                                                          f"({folder}): give each folder once")
                 seen[real] = name
             return v
 
@@ -167,15 +182,9 @@ class CropParams(Section):
     # not "size": DVC's run cache ignores params named size (treeverse/dvc#10296), so a
     # change would not re-run crop
     side: int = param(64, "cached face side in pixels (uint8, N x side x side x 3)", ge=8, le=4096)
-    n_jobs: int = param(2, "joblib workers (negative: all cores but n+1)", speed_only=True,
-                        must="a nonzero integer (negative: all cores but n+1)")
-
-    @field_validator("n_jobs")
-    @classmethod
-    def _nonzero(cls, v: int) -> int:
-        if v == 0:
-            raise ValueError("n_jobs")
-        return v
+    n_jobs: Annotated[int, holds(lambda n: n != 0)] = param(
+        2, "joblib workers (negative: all cores but n+1)", speed_only=True,
+        must="a nonzero integer (negative: all cores but n+1)")
 
 
 # photo groups (kept in one fold): a regex matched against each image path without its
@@ -184,32 +193,22 @@ class CropParams(Section):
 GROUP_REGEX = r"^(?P<photo>.+?)(?:_\d{1,2})?(?:_mirror)?$"
 
 
+def _has_photo_group(regex: str) -> bool:
+    try:
+        return "photo" in re.compile(regex).groupindex
+    except re.error:
+        return False
+
+
 class FoldsParams(Section):
     k: int = param(5, "number of folds", ge=2)
     seed: int = param(0, "shuffling of photo groups", ge=0)
-    train: list[int] = param([0, 1, 2, 3, 4], "folds that get a train stage in dvc.yaml (each < k, each once)",
-                             must="a list of fold numbers (integers >= 0)")
-    group_regex: str = param(GROUP_REGEX, "photo groups kept in one fold: a regex on each image path without "
-                                          "its extension, its named group 'photo' is the group",
-                             must="a regex with a named group (?P<photo>...)")
-
-    @field_validator("train")
-    @classmethod
-    def _fold_numbers(cls, v: list[int]) -> list[int]:
-        if any(f < 0 for f in v):
-            raise ValueError("train")
-        return v
-
-    @field_validator("group_regex")
-    @classmethod
-    def _photo_group(cls, v: str) -> str:
-        try:
-            ok = "photo" in re.compile(v).groupindex
-        except re.error:
-            ok = False
-        if not ok:
-            raise ValueError("group_regex")
-        return v
+    train: Annotated[list[int], holds(lambda folds: all(f >= 0 for f in folds))] = param(
+        [0, 1, 2, 3, 4], "folds that get a train stage in dvc.yaml (each < k, each once)",
+        must="a list of fold numbers (integers >= 0)")
+    group_regex: Annotated[str, holds(_has_photo_group)] = param(
+        GROUP_REGEX, "photo groups kept in one fold: a regex on each image path without its extension, its named "
+                     "group 'photo' is the group", must="a regex with a named group (?P<photo>...)")
 
 
 # The options each model preset takes (`model.options`) and their types, so that a params
@@ -254,21 +253,9 @@ class ModelParams(Section):
     model_config = ConfigDict(protected_namespaces=())
     preset: str = param("resunet-tiny", "registry name, see `pipeline models`")
     input_size: int = param(64, "network input side in pixels", ge=8, le=4096)
-    in_chans: int = param(3, "3 = colour, 1 = grayscale", must="1 or 3")
+    in_chans: Annotated[int, holds(lambda c: c in (1, 3))] = param(3, "3 = colour, 1 = grayscale", must="1 or 3")
     options: dict[str, Any] = param({}, "preset keyword overrides (width, blurpool, act, decoder_levels, map_upsample, "
                                         "...): each must be an option of the preset, of its type")
-
-    @field_validator("in_chans")
-    @classmethod
-    def _chans(cls, v: int) -> int:
-        if v not in (1, 3):
-            raise ValueError("in_chans")
-        return v
-
-    @field_validator("options", mode="before")
-    @classmethod
-    def _null_options(cls, v: Any) -> Any:
-        return {} if v is None else v
 
 
 class TrainParams(Section):
@@ -478,31 +465,39 @@ def requirement(field: FieldInfo) -> str:
     return f"a {type_name(field)}"
 
 
-def _type_ok(field: FieldInfo, value: Any) -> bool:
-    types = _base_types(field.annotation)
-    if isinstance(value, bool):
-        return bool in types
-    if float in types and isinstance(value, int):
-        return True
-    return any(isinstance(value, t) for t in types if t is not Any)
+# Pydantic finds each problem and names its kind; error_line words it as docs/params.md does
+# ("an integer in [8, 4096]", "auto, on or off"), since pydantic's text speaks Python ("Input
+# should be a valid integer") and gives one bound of a range. The rules between keys stay out
+# of pydantic (check_params): they hold only once the file and every --set are merged, and
+# name the --set or file each key came from, which a validator cannot know.
+UNKNOWN_KEY = ("extra_forbidden", "invalid_key")  # a key not in the schema, a key not a string
 
 
-def explain_error(err: dict, section: str) -> str:
-    """One pydantic error of a section -> "'train.lr' must be a number > 0, got -1"."""
-    if isinstance((err.get("ctx") or {}).get("error"), ParamValueError):
-        return str(err["ctx"]["error"])
-    name = str(err["loc"][0])
-    key = f"{section}.{name}"
-    field = section_fields(section)[name]
-    value = err["input"] if len(err["loc"]) == 1 else None
-    if len(err["loc"]) == 1:
-        if err["type"] == "finite_number":
-            return f"'{key}' must be a finite number, got {value!r}"
-        if not _type_ok(field, value):
-            what = "a mapping" if dict in _base_types(field.annotation) else type_name(field)
-            return f"'{key}' must be {what}, got {value!r}"
-        return f"'{key}' must be {requirement(field)}, got {value!r}"
-    return f"'{key}' must be {requirement(field)}"  # an element of a list
+def error_line(error: ValidationError) -> str:
+    """The first problem pydantic found in a params mapping, an unknown key first (a misspelt
+    key explains the most), in one line: "unknown key 'train.lrr'", "'train' must be a
+    mapping", "'train.lr' must be a number > 0, got -1"."""
+    err = min(error.errors(), key=lambda e: e["type"] not in UNKNOWN_KEY)
+    kind, loc, value = err["type"], [str(p) for p in err["loc"]], err["input"]
+    key = ".".join(loc[:2])
+    if kind in UNKNOWN_KEY:
+        return f"unknown key '{key}'"
+    if kind == PARAM_RULE:
+        return err["msg"]
+    if len(loc) == 1:
+        return f"'{key}' must be a mapping"  # a section
+    field = section_fields(loc[0])[loc[1]]
+    if len(loc) > 2:
+        return f"'{key}' must be {requirement(field)}"  # an element of a list or mapping
+    if kind == "finite_number":
+        what = "a finite number"
+    elif kind == "dict_type":
+        what = "a mapping"
+    elif kind.endswith("_type") or (kind == "literal_error" and type(value) not in map(type, _choices(field) or ())):
+        what = type_name(field)
+    else:  # a range, a choice or a validator's check
+        what = requirement(field)
+    return f"'{key}' must be {what}, got {value!r}"
 
 
 # ---------------------------------------------------------------- the rules between keys

@@ -92,6 +92,13 @@ def test_override_below_a_mapping_keeps_its_other_keys(tmp_path):
     assert load_config(p).model.options == {"decoder_levels": 4, "stem_widths": [8, 8, 16]}  # not mutated
 
 
+def test_null_mapping_means_empty_but_a_nullable_one_stays_null(tmp_path):
+    p = tmp_path / "p.yaml"
+    p.write_text("data:\n  extra_train:\n  custom_schema:\nmodel:\n  options:\n")
+    cfg = load_config(p)
+    assert cfg.data.extra_train == {} and cfg.model.options == {} and cfg.data.custom_schema is None
+
+
 def test_int_accepted_for_float_and_stored_as_float(tmp_path):
     cfg = load_config(None, ["train.lr=1"])
     assert cfg.train.lr == 1.0 and isinstance(cfg.train.lr, float)
@@ -105,6 +112,11 @@ def test_int_accepted_for_float_and_stored_as_float(tmp_path):
     ("predict:\n  tta: [1]\n", "'predict.tta' must be string"),
     ("train: 3\n", "'train' must be a mapping"),
     ("train:\n  lr: [\n", "invalid YAML"),
+    ("train:\n  1: 2\n", "unknown key 'train.1'"),
+    ("train:\n  lr: -1\n  lrr: 0.1\n", "unknown key 'train.lrr'"),  # a misspelt key before a bad value
+    ("model:\n  in_chans: 2\n", "'model.in_chans' must be 1 or 3, got 2"),
+    ("model:\n  in_chans: 3.0\n", "'model.in_chans' must be int, got 3.0"),
+    ("data:\n  extra_train: {a: 5}\n", "'data.extra_train' must be a mapping of names (letters"),
 ])
 def test_bad_params_file_names_file_and_key(tmp_path, text, needle):
     p = tmp_path / "bad.yaml"
