@@ -58,6 +58,23 @@ def test_code_deps_match_the_imports_of_the_stage_command(stage):
     assert not have - want, f"dvc.yaml stage {stage}: {sorted(have - want)} not imported by `{st['cmd']}`"
 
 
+def test_a_package_init_that_runs_code_is_a_code_dep(tmp_path):
+    """Importing pipeline.training.loop runs pipeline/training/__init__.py first: once that
+    file holds code it is one of the train stage's code deps (so this file's checks ask
+    dvc.yaml for it) and part of the code a training's identity hashes; holding only its
+    docstring it runs nothing and is neither."""
+    from pipeline.core.digest import source_sha256
+
+    shutil.copytree(REPO / "pipeline", tmp_path / "pipeline", ignore=shutil.ignore_patterns("__pycache__"))
+    init = tmp_path / "pipeline" / "training" / "__init__.py"
+    rel = "pipeline/training/__init__.py"
+    base = source_sha256("pipeline.stages.train", tmp_path)
+    assert rel not in code_deps(imported_modules("pipeline.stages.train", tmp_path), tmp_path)
+    init.write_text(init.read_text() + "\nimport torch\n\ntorch.backends.cudnn.deterministic = True\n")
+    assert rel in code_deps(imported_modules("pipeline.stages.train", tmp_path), tmp_path)
+    assert source_sha256("pipeline.stages.train", tmp_path) != base
+
+
 # --------------------------------------------------------------------------- params
 
 TINY = {"demo": {"n_train": 40, "n_test": 6}, "crop": {"side": 16, "n_jobs": 1}, "folds": {"k": 2, "train": [0]},
@@ -180,6 +197,47 @@ def test_every_param_change_reruns_its_stage(dvc_project):
             assert (root / o).exists() and _digest(root / o) != before[o], f"{key}={value}: {o} did not change"
     lock = yaml.safe_load((root / "dvc.lock").read_text())["stages"]
     assert lock["crop"]["params"]["params.yaml"]["crop.side"] == 24  # params listed key by key
+
+
+def _train_weight_params() -> set[str]:
+    """data.extra_train (its names pick the extra caches) and every param of model and train
+    that can change the weights (not the runtime or speed-only ones)."""
+    from pipeline.core.params_schema import is_runtime, is_speed_only, section_fields
+
+    return {"data.extra_train"} | {f"{s}.{k}" for s in ("model", "train") for k, f in section_fields(s).items()
+                                   if not (is_runtime(f) or is_speed_only(f))}
+
+
+def test_the_train_stage_lists_the_params_that_decide_the_weights():
+    """The data, crop and folds params reach a training through the cache and folds.csv (its
+    deps, hashed by content); runtime params and folds.train (which folds get a stage) train
+    the same weights: none of them re-runs a train stage (tests/training/test_identity.py)."""
+    from pipeline.core.params_schema import section_fields
+
+    listed = _stages()["train"]["params"]
+    expanded = {p for p in listed if "." in p} | {f"{p}.{k}" for p in listed if "." not in p
+                                                  for k in section_fields(p)}
+    assert expanded == _train_weight_params()
+
+
+def test_a_test_set_only_edit_retrains_no_fold(dvc_project):
+    """demo.n_test draws the same training faces beside another test set: crop re-runs with
+    another run id (info.json of both splits), so DVC re-runs the train stage, which finds
+    the fold trained from these inputs and leaves every file of it as it was; the fold's
+    params.resolved.yaml records the stage's params."""
+    from pipeline.core.config import flatten
+
+    root, run = dvc_project
+    run("repro")
+    fold = root / "models" / "fold0"
+    before = {p.name: p.read_bytes() for p in sorted(fold.iterdir())}
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["demo"]["n_test"] += 1
+    (root / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    log = run("repro")
+    assert "Running stage 'crop'" in log and "Running stage 'train@0'" in log, log[-2000:]
+    assert {p.name: p.read_bytes() for p in sorted(fold.iterdir())} == before
+    assert set(flatten(yaml.safe_load((fold / "params.resolved.yaml").read_text()))) == _train_weight_params()
 
 
 def test_crop_reads_every_data_param_but_the_extra_folders():

@@ -231,7 +231,7 @@ def test_fp16_gradscaler_state_goes_through_the_checkpoint(tiny_workspace):
     cache, train_idx, _ = load_fold(ws / "cache", ws / "folds.csv", 0)
     setup = build_training(cfg, cache, train_idx, torch.device("cpu"))
     assert setup.scaler is not None and setup.scaler.is_enabled()
-    identity = training_identity(cfg, ws / "cache", ws / "folds.csv", setup.amp)
+    identity = training_identity(cfg, ws / "cache", ws / "folds.csv", setup.runtime)
     assert resume_training(setup, ws / "fp16cut" / "fold0", cache.schema, 0, identity)[0] == 1
     assert setup.scaler.state_dict() == ck["scaler"]
 

@@ -18,7 +18,8 @@ from pipeline.core.errors import PipelineError
 
 # the folder holding the `pipeline` package (its modules are read as files, never imported)
 ROOT = Path(__file__).resolve().parents[2]
-# argument parsing and error formatting: no output depends on them (dvc.yaml leaves them out)
+# argument parsing, error formatting and the Python API's lazy import (pipeline/__init__.py):
+# no output depends on them (dvc.yaml leaves them out)
 NOT_CODE_DEPS = frozenset({"pipeline/__init__.py", "pipeline/__main__.py", "pipeline/cli.py",
                            "pipeline/core/errors.py"})
 # pipeline/models/__init__.py imports every preset: importing one of its modules runs them all,
@@ -44,13 +45,15 @@ def file_sha256(path: str | os.PathLike, missing: str = "file not found", kind: 
     return h.hexdigest()
 
 
-def folder_sha256(folder: str | os.PathLike) -> str:
-    """The sha256 of every file under `folder`: names (relative) and bytes, in name order."""
-    folder = Path(folder)
+def folder_sha256(folder: str | os.PathLike, skip: Iterable[str] = ()) -> str:
+    """The sha256 of every file under `folder` but those named in `skip` (paths relative to
+    it): names (relative) and bytes, in name order."""
+    folder, skip = Path(folder), set(skip)
     h = hashlib.sha256()
     for p in sorted(q for q in folder.rglob("*") if q.is_file()):
-        name = p.relative_to(folder).as_posix().encode()
-        h.update(len(name).to_bytes(8, "little") + name + bytes.fromhex(file_sha256(p)))
+        name = p.relative_to(folder).as_posix()
+        if name not in skip:
+            h.update(len(name).to_bytes(8, "little") + name.encode() + bytes.fromhex(file_sha256(p)))
     return h.hexdigest()
 
 
@@ -84,7 +87,10 @@ def module_imports(path: Path, mod: str) -> set[str]:
 
 
 def imported_modules(mod: str, root: Path = ROOT) -> set[str]:
-    """The transitive closure of a module's pipeline imports (itself included)."""
+    """The transitive closure of a module's pipeline imports (itself included), with the
+    packages holding each module: importing `pipeline.training.loop` runs
+    pipeline/training/__init__.py first (not `pipeline` itself: a NOT_CODE_DEPS file whose
+    one import is the API's, on first use)."""
     seen: set[str] = set()
     todo = [mod]
     while todo:
@@ -93,17 +99,28 @@ def imported_modules(mod: str, root: Path = ROOT) -> set[str]:
         if f is None or m in seen:
             continue
         seen.add(m)
-        todo += module_imports(f, m)
+        parts = m.split(".")
+        todo += [".".join(parts[:i]) for i in range(2, len(parts))] + list(module_imports(f, m))
     return seen
+
+
+def _runs_code(path: Path) -> bool:
+    """Whether the file holds more than a docstring (a package's __init__.py often does not)."""
+    body = ast.parse(path.read_text()).body
+    if body and isinstance(body[0], ast.Expr) and isinstance(body[0].value, ast.Constant) \
+            and isinstance(body[0].value.value, str):
+        body = body[1:]
+    return bool(body)
 
 
 def code_deps(mods: Iterable[str], root: Path = ROOT) -> set[str]:
     """Module names -> dvc.yaml code deps (paths relative to `root`): the module's file, or
-    the whole folder of WHOLE_FOLDERS; less NOT_CODE_DEPS."""
+    the whole folder of WHOLE_FOLDERS; less NOT_CODE_DEPS and the files that run nothing (a
+    package's __init__.py holding only its docstring)."""
     deps = set()
     for m in mods:
         f = module_file(m, root)
-        if f is None:
+        if f is None or not _runs_code(f):
             continue
         rel = f.relative_to(root).as_posix()
         deps.add(next((d for d in WHOLE_FOLDERS if rel.startswith(d + "/")), rel))

@@ -34,8 +34,8 @@ from pipeline.core.paths import DEMO_DIR
 #     params.resolved.yaml files, of train's resume key and crop's run id, and of dvc.yaml's
 #     params (tests/test_dvc.py checks dvc.yaml), so that changing one re-runs nothing
 #   runtime: where and how a training runs (device, workers, compilation, heap policy):
-#     recorded in params.resolved.yaml and re-runs DVC's stage, but a killed run may
-#     resume from a checkpoint made under another value
+#     trains the same weights, so left out of train's identity, its params.resolved.yaml
+#     and dvc.yaml's params: a checkpoint resumes across a change, which re-runs nothing
 SPEED_ONLY_MARK = "speed_only"
 RUNTIME_MARK = "runtime"
 

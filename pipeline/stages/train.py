@@ -28,6 +28,7 @@ from pipeline.formats.checkpoint import save_checkpoint
 from pipeline.training.distributed import init_distributed
 from pipeline.training.loop import evaluate, train_steps
 from pipeline.training.setup import (
+    TRAIN_IGNORES,
     TRAIN_SECTIONS,
     build_training,
     checkpoint_meta,
@@ -65,7 +66,8 @@ def fit(cfg: Config, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: s
     if not is_main:  # and only rank 0 logs progress: the other ranks report warnings only
         logging.getLogger("pipeline").setLevel(logging.WARNING)
     setup = build_training(cfg, cache, train_idx, resolve_device(device_name), rank, world)
-    identity = training_identity(cfg, cache_dir, folds_path, setup.amp, extra_root)
+    assert setup.runtime is not None  # build_training resolves it
+    identity = training_identity(cfg, cache_dir, folds_path, setup.runtime, extra_root)
     meta = checkpoint_meta(setup, cache, fold, identity)
     start_epoch, best_mae, history = (resume_training(setup, out, cache.schema, fold, identity) if resume
                                       else (0, float("inf"), []))
@@ -76,7 +78,7 @@ def fit(cfg: Config, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: s
         # temp files of a run killed mid-write (kill -9) are never renamed onto an output
         for p in remove_stale_temps(out, (last_path.name, "best.pt", "metrics.json", "params.resolved.yaml")):
             log.info("fold %d: removed %s left by an interrupted run", fold, p)
-        write_resolved(cfg, out, TRAIN_SECTIONS)
+        write_resolved(cfg, out, TRAIN_SECTIONS, exclude=TRAIN_IGNORES)  # the train stage's params
     live = _open_live(live_dir, history) if is_main else None
     log.info("fold %d: %d train / %d val faces, %s on %s, amp=%s, %d epochs", fold, len(train_idx),
              len(val_idx), cfg.model.preset, setup.device, setup.amp, tcfg.epochs)

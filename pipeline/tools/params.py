@@ -55,7 +55,8 @@ def params_doc(cfg: Config = DEFAULTS) -> str:
              "",
              "Effect: *result* = changes what a stage writes; *speed only* = never a byte of it (left out of "
              "params.resolved.yaml, dvc.yaml's params, train's resume key and crop's run id); *runtime* = "
-             "where and how a training runs (recorded, but a checkpoint resumes across a change).",
+             "where and how a training runs (the same weights: a checkpoint resumes across a change, which re-runs no "
+             "stage).",
              "",
              "Checked when loaded, besides each param's range: `train.scale_min` <= `train.scale_max`; "
              "`folds.train` names folds below `folds.k`, each once; `model.preset` is a preset of "

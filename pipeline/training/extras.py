@@ -48,14 +48,21 @@ def _stale(info: dict, folder: str, cfg: Config, main: Cache) -> str | None:
     return None
 
 
+def extras_in_order(cfg: Config) -> list[tuple[str, str]]:
+    """(name, folder) of data.extra_train in the order their faces join the training: by
+    name, so that the order the params list them in (a mapping's, which DVC compares as
+    unordered) changes nothing."""
+    return sorted(cfg.data.extra_train.items())
+
+
 def load_extras(cfg: Config, main: Cache, extra_root: str | os.PathLike = EXTRA_DIR) -> list[tuple[str, Cache]]:
-    """(name, cache) of every extra of data.extra_train, checked: present, made from the
-    folder and with the params named now, against the main crop `main`, labelled, and no
-    photo in two extras (same bytes; crop-extra already refused photos of data.dir).
-    Each problem is a one-line error."""
+    """(name, cache) of every extra of data.extra_train (`extras_in_order`), checked:
+    present, made from the folder and with the params named now, against the main crop
+    `main`, labelled, and no photo in two extras (same bytes; crop-extra already refused
+    photos of data.dir). Each problem is a one-line error."""
     out: list[tuple[str, Cache]] = []
     seen: dict[str, tuple[str, Path]] = {}  # sha256 -> (extra, photo)
-    for name, folder in cfg.data.extra_train.items():
+    for name, folder in extras_in_order(cfg):
         split = Path(extra_root) / name
         if not (split / CACHE_MARKER).exists():
             raise PipelineError(split, f"no face cache of data.extra_train.{name} ({_rerun(name)})")

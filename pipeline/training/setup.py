@@ -5,6 +5,8 @@ build the same setup."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import math
 from dataclasses import dataclass
@@ -16,19 +18,19 @@ import torch
 
 from pipeline.core.config import params_source, result_params
 from pipeline.core.device import amp_dtype, resolve_device, use_channels_last, use_compile, use_sync_bn
-from pipeline.core.digest import file_sha256, folder_sha256, source_sha256
+from pipeline.core.digest import folder_sha256, source_sha256
 from pipeline.core.errors import PipelineError
 from pipeline.core.heap import keep_freed_memory, use_keep_freed_memory
-from pipeline.core.params_schema import DEFAULTS, Config, TrainParams
+from pipeline.core.params_schema import DEFAULTS, Config, TrainParams, is_runtime, section_fields
 from pipeline.core.paths import EXTRA_DIR
-from pipeline.formats.cache import load_cache, read_info
+from pipeline.formats.cache import CACHE_MARKER, PHOTOS_FILE, load_cache, read_info
 from pipeline.formats.checkpoint import crop_stamp, load_checkpoint
 from pipeline.formats.folds import read_folds
 from pipeline.keypoints.geometry import crop_to_input
 from pipeline.models import create_model
 from pipeline.training.augment import TrainAugment
 from pipeline.training.ema import ModelEma
-from pipeline.training.extras import join_training, load_extras
+from pipeline.training.extras import extras_in_order, join_training, load_extras
 from pipeline.training.loader import DeviceLoader, EpochSampler, FaceDataset, make_loader
 from pipeline.training.loop import StepState
 from pipeline.training.losses import loss_from_params
@@ -36,62 +38,141 @@ from pipeline.training.optim import build_optimizer
 
 log = logging.getLogger(__name__)
 
-# The params sections a fold's training depends on: a checkpoint made under other values
-# of these is not resumed.
-TRAIN_SECTIONS = ("data", "crop", "folds", "model", "train")
+# A training's identity names what made its weights: a fold resumes from, or is found trained
+# in, a checkpoint of the same identity, so it changes exactly when the weights would. An
+# input enters when it can change the weights, in the form that decides them:
+# - the data by content: the train split of the face cache, the fold of each face in
+#   folds.csv, the extra caches in the order they join; less what only records where and
+#   how a split was cropped (UNREAD_FILES, UNREAD_INFO; the crop run id hashes the test split
+#   too). So the params that only locate or shape these inputs (data, crop, folds) stay out,
+#   the inputs they make are hashed instead, and so does folds.train (which folds get a stage);
+# - the params of model and train but the runtime ones, each switch as it resolves here
+#   (train.amp as `precision`, sync_bn and channels_last as on/off), and the DDP world size,
+#   which splits train.batch_size, pads the sampler and decides sync_bn: auto;
+# - the code: the tokens of the train command's import closure.
+# dvc.yaml's train stage lists these inputs as deps and these params as written (TRAIN_SECTIONS
+# less TRAIN_IGNORES; data.extra_train: its names pick the extra caches and their order), and
+# the fold's params.resolved.yaml records them.
+TRAIN_SECTIONS = ("data", "model", "train")
+TRAIN_IGNORES = (*(f"data.{k}" for k in section_fields("data") if k != "extra_train"),
+                 *(f"train.{k}" for k, f in section_fields("train").items() if is_runtime(f)))
+# a cache split's files that no training reads (the params it was cropped under, an extra's
+# photo list) and its info.json's records of where it came from (the XML's path, an extra's
+# provenance) and of the crop run (its id hashes the test split too)
+UNREAD_FILES = ("params.resolved.yaml", PHOTOS_FILE)
+UNREAD_INFO = ("xml", "run", "extra")
 # the train stage's command module: the code a training runs is its import closure (the
 # pipeline/ deps of dvc.yaml's train stage)
 TRAIN_COMMAND = "pipeline.stages.train"
 PRECISION_NAMES = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}
 
 
+def _with_defaults(stored: dict, like: dict | None = None) -> dict:
+    """Params sections stored by a checkpoint, each param they lack (added since) at its
+    default, which by rule reproduces the old behaviour (train.rotate 0): adding a param
+    does not throw away a resumable run. With `like`, only the params `like` holds."""
+    defaults = DEFAULTS.model_dump()
+    return {s: {**{k: d for k, d in defaults.get(s, {}).items() if like is None or k in like.get(s, {})}, **v}
+            if isinstance(v, dict) else v for s, v in stored.items()}
+
+
 def _config_key(cfg: Config | dict) -> dict:
-    """The part of the config (or of the dict a checkpoint stored) that must match for a
-    checkpoint to be resumed: less the speed-only and the runtime params (device, workers,
-    compilation, heap policy), which change how the run goes, not what it trains. A stored
-    dict from before a param existed gets that param's default, which by rule reproduces the
-    old behaviour (train.rotate 0), so adding a param does not throw away a resumable run."""
-    if isinstance(cfg, dict):
-        defaults = DEFAULTS.model_dump()
-        cfg = {s: {**defaults.get(s, {}), **v} if isinstance(v, dict) else v for s, v in cfg.items()}
-    return result_params(cfg, TRAIN_SECTIONS, drop_runtime=True)
+    """The params of model and train that can change the weights, as written (of a config, or
+    of the config dict a checkpoint stored)."""
+    return result_params(_with_defaults(cfg) if isinstance(cfg, dict) else cfg, ("model", "train"),
+                         exclude=TRAIN_IGNORES)
+
+
+def _weight_params(cfg: Config, runtime: TrainRuntime) -> dict:
+    """`_config_key` with train's switches as `runtime` resolved them (train.amp as the
+    identity's `precision`) and the DDP world size."""
+    key = _config_key(cfg)
+    train = {k: v for k, v in key["train"].items() if k != "amp"}
+    return {**key, "train": {**train, "channels_last": runtime.channels_last, "sync_bn": runtime.sync_bn,
+                             "world": runtime.world}}
 
 
 def cache_identity(split: str | Path) -> dict[str, str]:
-    """A cache split's identity: its crop run's id (info.json `run`) and the sha256 of its
-    files (the run id names what crop read, not the code that cropped it)."""
-    return {"run": str(read_info(split)[0].get("run")), "content": folder_sha256(split)}
+    """A cache split's identity: its crop run id (a label: never compared) and the sha256 of
+    what training reads of it (its files less UNREAD_FILES, info.json less UNREAD_INFO)."""
+    info, _ = read_info(split)
+    read = {k: v for k, v in info.items() if k not in UNREAD_INFO}
+    h = hashlib.sha256(json.dumps(read, sort_keys=True, default=str).encode())
+    h.update(bytes.fromhex(folder_sha256(split, skip=(CACHE_MARKER, *UNREAD_FILES))))
+    return {"run": str(info.get("run")), "content": h.hexdigest()}
 
 
-def training_identity(cfg: Config, cache_dir: str | Path, folds_path: str | Path,
-                      amp: torch.dtype | None, extra_root: str | Path = EXTRA_DIR) -> dict[str, Any]:
-    """What made a fold's weights, one named part each: the params that decide the result,
-    the training cache, folds.csv, the caches of data.extra_train (under `extra_root`), the
-    code training runs (comments aside) and the autocast dtype actually used (`train.amp:
-    auto` differs between machines). Every checkpoint stores it; a run resumes only from a
+def folds_identity(folds_path: str | Path) -> str:
+    """The sha256 of the fold of each face in folds.csv (cache order); its other columns name
+    the faces, checked against the cache when a fold loads."""
+    return hashlib.sha256(read_folds(folds_path).tobytes()).hexdigest()
+
+
+def training_identity(cfg: Config, cache_dir: str | Path, folds_path: str | Path, runtime: TrainRuntime,
+                      extra_root: str | Path = EXTRA_DIR) -> dict[str, Any]:
+    """What made a fold's weights (the rule above), one named part each: params (with
+    `runtime`'s switches and world size), cache, folds, extra_train ({name: cache identity}
+    of the caches under `extra_root`, in the order they join), code and precision
+    (`runtime`'s autocast dtype). Every checkpoint stores it; a run resumes only from a
     checkpoint of the same identity. An input that joins the training is one more entry here."""
-    return {"params": _config_key(cfg),
+    return {"params": _weight_params(cfg, runtime),
             "cache": cache_identity(Path(cache_dir) / "train"),
-            "folds": file_sha256(folds_path),
-            "extra_train": {name: cache_identity(Path(extra_root) / name) for name in cfg.data.extra_train},
+            "folds": folds_identity(folds_path),
+            "extra_train": {name: cache_identity(Path(extra_root) / name) for name, _ in extras_in_order(cfg)},
             "code": source_sha256(TRAIN_COMMAND),
-            "precision": PRECISION_NAMES[amp]}
+            "precision": PRECISION_NAMES[runtime.amp]}
+
+
+def _compared(name: str, part: Any, ours: Any) -> Any:
+    """What decides the weights in part `name` of an identity: a cache's content, not its crop
+    run id; the extra caches' contents in the order they join, not their names; stored params
+    with those added since (held by `ours`) at their defaults."""
+    if name == "params" and isinstance(part, dict) and isinstance(ours, dict):
+        return _with_defaults(part, ours)
+    if name == "cache" and isinstance(part, dict):
+        return part.get("content")
+    if name == "extra_train" and isinstance(part, dict):
+        return [v.get("content") if isinstance(v, dict) else v for v in part.values()]
+    return part
 
 
 def identity_mismatch(stored: Any, current: dict[str, Any]) -> list[str]:
     """The parts of `current` (a `training_identity`) that a checkpoint's stored identity
-    does not match; a checkpoint without one (made before identities were stored) matches
-    none. Stored params pass through `_config_key`, so a param added since keeps its default."""
+    does not match, as `_compared` reads them; a checkpoint without one (made before
+    identities were stored) matches none."""
     if not isinstance(stored, dict):
         return list(current)
-    differ = []
-    for name in dict.fromkeys([*current, *stored]):
-        theirs = stored.get(name)
-        if name == "params" and isinstance(theirs, dict):
-            theirs = _config_key(theirs)
-        if theirs != current.get(name):
-            differ.append(name)
-    return differ
+    return [name for name in dict.fromkeys([*current, *stored])
+            if _compared(name, stored.get(name), current.get(name)) != _compared(name, current.get(name), None)]
+
+
+def current_identity(cfg: Config, cache_dir: str | Path, folds_path: str | Path,
+                     extra_root: str | Path = EXTRA_DIR, world: int = 1) -> dict[str, Any] | None:
+    """The `training_identity` a run of `cfg` in `world` processes would have on this
+    machine, on this cache, folds.csv and extra caches (train's switches resolved here);
+    None when the inputs cannot be read (the training then says why)."""
+    try:
+        runtime = resolve_train_runtime(cfg.train, resolve_device(cfg.train.device), world)
+        return training_identity(cfg, cache_dir, folds_path, runtime, extra_root)
+    except (PipelineError, OSError):
+        return None
+
+
+def trained_epochs(out: Path, cfg: Config, cache_dir: str | Path, folds_path: str | Path,
+                   extra_root: str | Path = EXTRA_DIR, identity: dict[str, Any] | None = None) -> int:
+    """The epochs `resume_training` would find done in out/last.pt for a run of `cfg` on
+    this cache, folds.csv and extra caches: 0 when there is no last.pt, it was made from
+    other inputs, or the inputs cannot be read. `identity`: that run's `current_identity`,
+    computed here when not given (a caller asking for several folds computes it once)."""
+    last_path = out / "last.pt"
+    if not last_path.exists():
+        return 0
+    if identity is None:
+        identity = current_identity(cfg, cache_dir, folds_path, extra_root)
+        if identity is None:
+            return 0
+    ck = load_checkpoint(last_path, "cpu", None)
+    return 0 if identity_mismatch(ck.get("identity"), identity) else int(ck["epoch"])
 
 
 @dataclass(frozen=True)
@@ -103,6 +184,7 @@ class TrainRuntime:
     compile: bool
     keep_freed_memory: bool  # whether the heap keeps freed memory (never on without glibc)
     sync_bn: bool
+    world: int = 1  # DDP processes
 
 
 def resolve_train_runtime(tcfg: TrainParams, device: torch.device, world: int = 1) -> TrainRuntime:
@@ -112,7 +194,7 @@ def resolve_train_runtime(tcfg: TrainParams, device: torch.device, world: int = 
                         channels_last=use_channels_last(tcfg.channels_last, device),
                         compile=use_compile(tcfg.compile),
                         keep_freed_memory=use_keep_freed_memory(tcfg.keep_freed_memory),
-                        sync_bn=use_sync_bn(tcfg.sync_bn, device, world, tcfg.batch_size // world))
+                        sync_bn=use_sync_bn(tcfg.sync_bn, device, world, tcfg.batch_size // world), world=world)
 
 
 @dataclass
@@ -284,31 +366,3 @@ def resume_training(setup: TrainSetup, out: Path, schema, fold: int,
     log.info("fold %d: resuming from %s at epoch %d", fold, last_path, ck["epoch"])
     return ck["epoch"], best_mae, history
 
-
-def current_identity(cfg: Config, cache_dir: str | Path, folds_path: str | Path,
-                     extra_root: str | Path = EXTRA_DIR) -> dict[str, Any] | None:
-    """The `training_identity` a run of `cfg` on this cache, folds.csv and extra caches
-    would have on this machine (the precision `train.amp` resolves to here); None when the
-    inputs cannot be read (the training then says why)."""
-    try:
-        amp = amp_dtype(cfg.train.amp, resolve_device(cfg.train.device))
-        return training_identity(cfg, cache_dir, folds_path, amp, extra_root)
-    except (PipelineError, OSError):
-        return None
-
-
-def trained_epochs(out: Path, cfg: Config, cache_dir: str | Path, folds_path: str | Path,
-                   extra_root: str | Path = EXTRA_DIR, identity: dict[str, Any] | None = None) -> int:
-    """The epochs `resume_training` would find done in out/last.pt for a run of `cfg` on
-    this cache, folds.csv and extra caches: 0 when there is no last.pt, it was made from
-    other inputs, or the inputs cannot be read. `identity`: that run's `current_identity`,
-    computed here when not given (a caller asking for several folds computes it once)."""
-    last_path = out / "last.pt"
-    if not last_path.exists():
-        return 0
-    if identity is None:
-        identity = current_identity(cfg, cache_dir, folds_path, extra_root)
-        if identity is None:
-            return 0
-    ck = load_checkpoint(last_path, "cpu", None)
-    return 0 if identity_mismatch(ck.get("identity"), identity) else int(ck["epoch"])

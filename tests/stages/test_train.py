@@ -351,9 +351,12 @@ def test_extra_faces_train_in_every_fold_and_are_never_validated(tiny_workspace,
 
 def test_extra_faces_are_part_of_the_resume_key(tiny_workspace, extra_ws, tmp_path, caplog):
     """The checkpoint's identity names the extra caches it trained on (name -> crop run id
-    and content); a run with other extra faces (none, or a re-cropped folder) trains afresh."""
+    and content); a run with other extra faces (none, or a folder cropped again with other
+    labels) trains afresh."""
     import json
     import shutil
+
+    import numpy as np
 
     from pipeline.training.setup import trained_epochs
 
@@ -368,10 +371,13 @@ def test_extra_faces_are_part_of_the_resume_key(tiny_workspace, extra_ws, tmp_pa
     inputs = (ws / "cache", ws / "folds.csv")
     assert trained_epochs(out / "fold0", cfg, *inputs, extra_ws["root"]) == 1
     assert trained_epochs(out / "fold0", load_config(None, TINY + ["train.epochs=2"]), *inputs) == 0
-    recropped = tmp_path / "extra"
+    recropped = tmp_path / "extra"  # cropped again, with one label 1 px elsewhere
     shutil.copytree(extra_ws["root"] / "more", recropped / "more")
     info = json.loads((recropped / "more" / "info.json").read_text())
     (recropped / "more" / "info.json").write_text(json.dumps({**info, "run": "another"}))
+    kp = np.load(recropped / "more" / "keypoints.npy")
+    kp[0, 0, 0] += 1.0
+    np.save(recropped / "more" / "keypoints.npy", kp)
     assert trained_epochs(out / "fold0", cfg, *inputs, recropped) == 0
     with caplog.at_level("INFO"):
         m = fit(cfg, 0, ws / "cache", ws / "folds.csv", out, resume=True, extra_root=recropped)

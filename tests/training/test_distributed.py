@@ -63,6 +63,13 @@ def test_torchrun_two_cpu_processes(tiny_workspace, tmp_path):
     out = r.stdout + r.stderr
     assert out.count("fold 0 epoch 1:") == 1 and out.count("fold 0 epoch 2:") == 1, out[-3000:]
 
+    # 2 processes trained it: one process would train another model (each rank's batch, the
+    # sampler's padding), so it does not take this fold as trained
+    from pipeline.core.config import load_config
+    from pipeline.training.setup import trained_epochs
+
+    assert trained_epochs(fold, load_config(None, SETS), ws / "cache", ws / "folds.csv") == 0
+
 
 def test_batch_not_divisible_by_ranks_is_an_error(tiny_workspace, tmp_path, monkeypatch):
     """train.batch_size must split evenly across the ranks (checked before anything is
