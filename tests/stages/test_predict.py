@@ -270,9 +270,11 @@ def test_a_models_identity_is_its_checkpoints_under_either_backend(trained, tmp_
     is read), and `submit --xml` compares them the same way; an exported .onnx model is no
     checkpoint: never the one its calibration was fitted for."""
     from pipeline.core.config import result_params
+    from pipeline.core.device import resolve_device
     from pipeline.core.errors import PipelineError
     from pipeline.formats.checkpoint import checkpoint_identity, model_identity
     from pipeline.formats.predictions import write_test_predictions
+    from pipeline.inference.predictor import model_runtime
     from pipeline.stages.submit import calibration_mismatch
 
     path, absent = trained / "fold0" / "best.pt", tmp_path / "absent.pt"
@@ -290,6 +292,7 @@ def test_a_models_identity_is_its_checkpoints_under_either_backend(trained, tmp_
                            per_fold=np.zeros((1, 1, k, 2)), folds=[0], bias=np.zeros((k, 2)), calibrated=True,
                            oof_kind="tta" if cfg.predict.tta == "flip" else "plain", face_id=["f0"],
                            keypoint_names=IBUG68.names, checkpoint_identity=[want],
+                           runtime=[model_runtime(ckpt, cfg.predict.amp, resolve_device(cfg.predict.device))],
                            predict_params=result_params(cfg, ["predict"])["predict"])
     assert calibration_mismatch(npz, cfg.predict, [path], [ckpt], IBUG68) is None
     assert calibration_mismatch(npz, cfg.predict, [path], [meta_only], IBUG68) is None
