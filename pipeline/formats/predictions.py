@@ -7,8 +7,9 @@ of each file.
   (`tta`, or `plain` when predict.tta is none); `face_id` (N,) str, the test cache's faces;
   what made it, where `pipeline predict` wrote it (not `pipeline blend`): `checkpoint_identity`
   (F,) str, each fold checkpoint's `checkpoint_identity` (the sha256 of its weights and
-  geometry), and `predict_params` () str, the predict section as JSON (so `submit --xml` knows
-  which checkpoints and params its bias is for).
+  geometry), `runtime` (F,) str, how each ran (`predictor.model_runtime`: 'torch fp32', or
+  'onnx int8 <sha256>' for an exported twin), and `predict_params` () str, the predict section
+  as JSON (so `submit --xml` knows which models, run how, and params its bias is for).
 - `oof.npz`: `tta`, `plain` (N, K, 2) out-of-fold predictions of the training faces
   (NaN where a fold was not trained); `fold` (N,); `face_id` (N,) str, the training cache's
   faces.
@@ -49,15 +50,17 @@ def _write_npz(path: Path, arrays: dict[str, np.ndarray]) -> None:
 def write_test_predictions(path: str | os.PathLike, *, ensemble: np.ndarray, ensemble_raw: np.ndarray,
                            per_fold: np.ndarray, folds: Sequence[int] | np.ndarray, bias: np.ndarray, calibrated: bool,
                            oof_kind: str, face_id: Sequence[str] | np.ndarray, keypoint_names: Sequence[str],
-                           checkpoint_identity: Sequence[str] | None = None,
+                           checkpoint_identity: Sequence[str] | None = None, runtime: Sequence[str] | None = None,
                            predict_params: dict[str, Any] | None = None) -> None:
-    """`checkpoint_identity` (one per fold, in `folds` order) and `predict_params` name what
-    made the predictions; a blend, made of several runs, gives neither."""
+    """`checkpoint_identity` with `runtime` (one each per fold, in `folds` order) and
+    `predict_params` name what made the predictions; a blend, made of several runs, gives none."""
     if oof_kind not in ("tta", "plain"):
         raise ValueError(f"oof_kind must be tta or plain, got {oof_kind!r}")
-    if checkpoint_identity is not None and len(checkpoint_identity) != len(folds):
-        raise ValueError(f"{len(checkpoint_identity)} checkpoint identities for {len(folds)} folds")
-    made = {} if checkpoint_identity is None else {"checkpoint_identity": _text(checkpoint_identity)}
+    made = {}
+    if checkpoint_identity is not None or runtime is not None:
+        if checkpoint_identity is None or runtime is None or not len(checkpoint_identity) == len(runtime) == len(folds):
+            raise ValueError("checkpoint_identity and runtime need one entry each per fold")
+        made = {"checkpoint_identity": _text(checkpoint_identity), "runtime": _text(runtime)}
     if predict_params is not None:
         made["predict_params"] = np.array(json.dumps(predict_params, sort_keys=True))
     _write_npz(Path(path), {"ensemble": ensemble, "ensemble_raw": ensemble_raw, "per_fold": per_fold,

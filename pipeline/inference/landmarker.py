@@ -28,10 +28,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 import torch
+from pydantic import ValidationError
 
 from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
-from pipeline.core.params_schema import VideoParams
+from pipeline.core.params_schema import PredictParams, VideoParams, requirement, section_fields
 from pipeline.detection.detectors import locate_faces
 from pipeline.formats.annotations import crop_faces, load_xml, read_image
 from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_presence
@@ -39,7 +40,7 @@ from pipeline.inference.live import Tracker
 from pipeline.inference.predictor import load_predictor
 from pipeline.inference.presence import is_face, scorer, select_faces
 from pipeline.inference.tta import predict_original
-from pipeline.keypoints.geometry import crop_face
+from pipeline.keypoints.geometry import check_box, crop_face
 from pipeline.keypoints.schema import KeypointSchema, check_schema, schema_from_dict
 
 log = logging.getLogger(__name__)
@@ -62,6 +63,25 @@ def check_tta(tta: str, jitter: float, where: str | os.PathLike | None = None, p
         raise PipelineError(where, f"{prefix}tta_jitter {jitter:g} needs {prefix}tta flip (the jitter views are "
                                    f"scored out of fold only with flip TTA); set {prefix}tta_jitter 0 or "
                                    f"{prefix}tta flip")
+
+
+# the Landmarker's options and the predict params whose values they take
+OPTION_PARAMS = {"jitter": "tta_jitter", "batch_size": "batch_size", "amp": "amp"}
+
+
+def check_options(tta: str, jitter: float, batch_size: int, amp: str) -> None:
+    """The Landmarker's options take what the predict params they stand for take
+    (pipeline/core/params_schema.py: jitter within 0-0.5, batch_size an integer >= 1, ...),
+    and tta with jitter what `check_tta` allows: one PipelineError naming the option otherwise."""
+    fields = section_fields("predict")
+    for name, value in (("jitter", jitter), ("batch_size", batch_size), ("amp", amp)):
+        key = OPTION_PARAMS[name]
+        value = value.item() if isinstance(value, np.generic) else value
+        try:
+            PredictParams.model_validate({key: value})
+        except ValidationError:
+            raise PipelineError(None, f"{name} must be {requirement(fields[key])}, got {value!r}") from None
+    check_tta(tta, jitter)
 
 
 def _expand_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> list[Path]:
@@ -122,6 +142,35 @@ def as_photo(image: Any, where: str = "image") -> np.ndarray:
     return np.ascontiguousarray(image[:, :, :3])  # RGB, or RGBA without its alpha
 
 
+BOXES_WANTED = "expected boxes (M, 4) of numbers [left, top, width, height], or one box (4,)"
+
+
+def as_boxes(boxes: Any, image: np.ndarray, where: str = "boxes") -> np.ndarray:
+    """One photo's face boxes (M, 4) float64 [left, top, width, height] from an array-like of
+    them (one box (4,) is one face; [] none). What is not numbers of that shape, and a box
+    `check_box` refuses for `image` (not finite, of no positive size, outside the photo or
+    far larger than it), is one PipelineError naming it at `where` (a box: where[j])."""
+    what = type(boxes).__name__
+    try:
+        arr = None if isinstance(boxes, (str, bytes)) else np.asarray(boxes)
+    except (ValueError, TypeError):  # ragged nested lists
+        arr = None
+    if arr is None or arr.dtype == object:
+        raise PipelineError(None, f"got {what}, {BOXES_WANTED}", where)
+    if arr.dtype.kind not in "iuf":
+        raise PipelineError(None, f"got an array of dtype {arr.dtype}, {BOXES_WANTED}", where)
+    if arr.shape in ((0,), (4,)):
+        arr = arr.reshape(-1, 4)
+    if arr.ndim != 2 or arr.shape[1] != 4:
+        raise PipelineError(None, f"got an array of shape {arr.shape}, {BOXES_WANTED}", where)
+    arr = arr.astype(np.float64)
+    for j, box in enumerate(arr):
+        bad = check_box(box, image.shape[1], image.shape[0])
+        if bad:
+            raise PipelineError(None, bad, f"{where}[{j}]")
+    return arr
+
+
 @dataclass
 class Faces:
     """The faces of one photo, largest first: boxes (M, 4) [left, top, width, height] in the
@@ -158,7 +207,7 @@ class Landmarker:
                  schema: KeypointSchema | None = None):
         if not models:
             raise PipelineError(None, "no checkpoints given")
-        check_tta(tta, jitter)
+        check_options(tta, jitter, batch_size, amp)
         self.models = [m for m, _ in models]
         self.metas = [meta for _, meta in models]
         self.paths = [None] * len(models) if paths is None else [Path(p) for p in paths]
@@ -189,7 +238,7 @@ class Landmarker:
         paths = _expand_paths(paths)
         if not paths:
             raise PipelineError(None, "no checkpoints given")
-        check_tta(tta, jitter)
+        check_options(tta, jitter, batch_size, amp)
         dev = resolve_device(device) if isinstance(device, str) else device
         models = []
         for p in paths:
@@ -305,10 +354,13 @@ class Landmarker:
         photos = [as_photo(im, "image" if len(images) == 1 else f"images[{i}]") for i, im in enumerate(images)]
         if boxes_list is None:
             found = [self.detect(im, max_faces) for im in photos]
-            boxes_list, detector_boxes = [boxes for boxes, _ in found], [raw for _, raw in found]
-        if len(boxes_list) != len(photos):
+            boxes_list = [np.asarray(boxes, dtype=np.float64).reshape(-1, 4) for boxes, _ in found]
+            detector_boxes = [raw for _, raw in found]
+        elif len(boxes_list) != len(photos):
             raise PipelineError(None, f"{len(photos)} images but {len(boxes_list)} box arrays")
-        boxes_list = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in boxes_list]
+        else:
+            boxes_list = [as_boxes(b, im, "boxes" if len(photos) == 1 else f"boxes_list[{i}]")
+                          for i, (b, im) in enumerate(zip(boxes_list, photos))]
         raw_list: list[np.ndarray | None] = [None] * len(photos)
         if detector_boxes is not None:
             raw = [np.asarray(b, dtype=np.float64).reshape(-1, 4) for b in detector_boxes]

@@ -24,6 +24,7 @@ import torch
 from torch import nn
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 
+from pipeline.core.device import amp_dtype
 from pipeline.core.digest import file_sha256
 from pipeline.core.errors import PipelineError
 from pipeline.formats.checkpoint import load_model
@@ -33,6 +34,7 @@ from pipeline.inference.onnx_runtime import OnnxModel, load_onnx, onnx_available
 log = logging.getLogger(__name__)
 
 BACKENDS = ("torch", "onnx")
+PRECISIONS = {None: "fp32", torch.bfloat16: "bf16", torch.float16: "fp16"}  # autocast dtype -> name
 
 
 def fuse_batchnorm(model: nn.Module) -> nn.Module:
@@ -85,6 +87,17 @@ def resolve_backend(path: str | os.PathLike, backend: str | None) -> str:
     if Path(path).suffix == ".onnx":
         return "onnx"
     return backend or "torch"
+
+
+def model_runtime(meta: dict[str, Any], amp: str, device: torch.device) -> str:
+    """How a loaded model predicts, as test.npz records it beside its checkpoint's identity:
+    'torch <precision>' (the autocast of `amp`, predict.amp, on `device`: fp32, bf16 or fp16),
+    or 'onnx <precision> <sha256>' for an onnxruntime session: the export's precision (fp32,
+    or int8 after `export --int8`) and the sha256 of the ONNX model that ran (an exported
+    file, or the checkpoint exported in memory)."""
+    if "onnx_sha256" in meta:
+        return f"onnx {meta.get('precision', 'fp32')} {meta['onnx_sha256']}"
+    return f"torch {PRECISIONS[amp_dtype(amp, device, 'predict.amp')]}"
 
 
 def load_predictor(path: str | os.PathLike, backend: str | None = "torch", device: str | torch.device = "cpu",

@@ -6,6 +6,7 @@ Transforms are (2, 3) affines crop pixel -> original pixel: orig = A @ [u, v, 1]
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import cv2
@@ -74,13 +75,18 @@ MAX_BOX_SCALE = 3.0  # a face box may be at most this many times the image's lar
 
 def check_box(box, width: int, height: int) -> str | None:
     """Why a face box cannot be cropped from a width x height image (None if it can): it
-    must overlap the image and be at most MAX_BOX_SCALE x the image's larger side (a box
-    far outside the image would cache an all-black face; a huge one stalls the crop)."""
+    must be finite, of positive size, overlap the image and be at most MAX_BOX_SCALE x the
+    image's larger side (a box far outside the image would cache an all-black face; a huge
+    one stalls the crop)."""
     left, top, w, h = (float(v) for v in box)
 
     def n(v: float) -> str:
-        return str(int(v)) if v == int(v) else f"{v:.6g}"
+        return str(int(v)) if math.isfinite(v) and v == int(v) else f"{v:.6g}"
 
+    if not all(math.isfinite(v) for v in (left, top, w, h)):
+        return f"box (left {n(left)}, top {n(top)}, {n(w)}x{n(h)}) is not finite"
+    if w <= 0 or h <= 0:
+        return f"box has non-positive size {n(w)}x{n(h)}"
     if max(w, h) > MAX_BOX_SCALE * max(width, height):
         return (f"box {n(w)}x{n(h)} is more than {MAX_BOX_SCALE:g}x the image ({width}x{height} px): "
                 "not a face of this image")

@@ -22,6 +22,7 @@ from pipeline.formats.folds import read_folds
 from pipeline.formats.predictions import write_oof_predictions, write_test_predictions
 from pipeline.inference.landmarker import Landmarker, check_tta
 from pipeline.inference.options import backend_option
+from pipeline.inference.predictor import model_runtime
 from pipeline.keypoints.calibrate import keypoint_bias, should_calibrate
 
 log = logging.getLogger(__name__)
@@ -76,12 +77,14 @@ def run_predict(cfg: Config, cache_dir: str, folds_path: str, models_dir: str, o
     landmarker.calibration = bias if calibrated else None
     ensemble = landmarker.ensemble(stack)
     names = train.schema.names
-    # what made the bias: `submit --xml` applies it only for these very weights and params
+    # what made the bias: `submit --xml` applies it only to these very models, run the same
+    # way (backend, precision), under the same params
     identities = [model_identity(ckpts[f], meta) for f, meta in zip(folds, landmarker.metas)]
+    runtime = [model_runtime(meta, landmarker.amp, landmarker.device) for meta in landmarker.metas]
     write_test_predictions(out / "test.npz", ensemble=ensemble, ensemble_raw=raw, per_fold=stack,
                            folds=folds, bias=bias, calibrated=calibrated, oof_kind=oof_kind,
                            face_id=test.meta["face_id"], keypoint_names=names, checkpoint_identity=identities,
-                           predict_params=result_params(cfg, ["predict"])["predict"])
+                           runtime=runtime, predict_params=result_params(cfg, ["predict"])["predict"])
     write_oof_predictions(out / "oof.npz", tta=oof["tta"], plain=oof["plain"], fold=fold_of,
                           face_id=train.meta["face_id"], keypoint_names=names)
     write_resolved(cfg, out, ["predict"])

@@ -1,10 +1,10 @@
 """The `submit` stage: the competition CSV (pipeline/formats/submission.py) from the test
 predictions (pipeline/formats/predictions.py), or, standalone, from any test XML and checkpoints
-(a `Landmarker`, with the OOF calibration `pipeline predict` fitted for those very checkpoints,
-compared by their weights, and predict params, so that the standalone CSV of the test XML is the
-stage's, byte for byte, under the same predict.amp and device: another precision moves the
-predictions, not the bias, so those two are not compared). The coordinates are
-validated against the test cache's face and keypoint counts before anything is written."""
+(a `Landmarker`, with the OOF calibration `pipeline predict` fitted for that very ensemble: the
+same checkpoints, compared by their weights and counted, run the same way, backend and
+precision, under the same predict params; so the standalone CSV of the test XML is the stage's,
+byte for byte). The coordinates are validated against the test cache's face and keypoint counts
+before anything is written."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ import json
 import logging
 import os
 import re
+from collections import Counter
 from pathlib import Path
 from typing import Sequence
 
@@ -57,26 +58,53 @@ def project_predictions(checkpoints: Sequence[str | os.PathLike]) -> Path | None
     return paths[0].parent.parent.parent / PREDICTIONS_DIR / "test.npz"
 
 
+def _kinds(runtimes: Sequence[str]) -> str:
+    """'torch fp32', 'onnx int8': the backends and precisions of `model_runtime` strings."""
+    return ", ".join(sorted({" ".join(r.split()[:2]) for r in runtimes}))
+
+
 def calibration_mismatch(test_npz: Path, predict_cfg: PredictParams, checkpoints: Sequence[str | os.PathLike],
                          metas: Sequence[dict], schema) -> str | None:
     """Why the OOF calibration in `test_npz` is not the one `pipeline predict` fitted for
-    these checkpoints under these predict params (None: it is). The checkpoints are compared
-    by what they predict with (test.npz records each one's `checkpoint_identity`: weights and
-    geometry), the params by what test.npz records."""
-    from pipeline.formats.checkpoint import model_identity  # torch: not on the DVC stage's path
+    these checkpoints, run under these predict params (None: it is). The bias is for one
+    ensemble: the same checkpoints by what they predict with (test.npz records each one's
+    `checkpoint_identity`: weights and geometry), each as many times, each run the same way
+    (its `runtime`: backend and precision), under the predict params test.npz records."""
+    from pipeline.core.device import resolve_device  # torch: not on the DVC stage's path
+    from pipeline.formats.checkpoint import model_identity
+    from pipeline.inference.predictor import model_runtime
 
-    z = read_predictions(test_npz, ("oof_kind", "keypoint_names"), optional=("checkpoint_identity", "predict_params"))
+    z = read_predictions(test_npz, ("oof_kind", "keypoint_names"),
+                         optional=("checkpoint_identity", "runtime", "predict_params"))
     if [str(n) for n in z["keypoint_names"]] != list(schema.names):
         return f"its keypoints are not those of schema '{schema.name}'"
-    if "checkpoint_identity" not in z or "predict_params" not in z:
-        return "it does not record the checkpoints and predict params it was made with (rerun `pipeline predict`)"
+    if any(k not in z for k in ("checkpoint_identity", "runtime", "predict_params")):
+        return ("it does not record the models, how they ran and the predict params it was made with "
+                "(rerun `pipeline predict`)")
     made = [str(h) for h in z["checkpoint_identity"].reshape(-1)]
+    made_runs = [str(r) for r in z["runtime"].reshape(-1)]
+    mine: list[str] = []
     for c, meta in zip(checkpoints, metas):
         # an exported .onnx model is no checkpoint: never one `pipeline predict` used
-        if Path(c).suffix == ".onnx" or model_identity(c, meta) not in made:
+        identity = None if Path(c).suffix == ".onnx" else model_identity(c, meta)
+        if identity is None or identity not in made:
             return f"made from other checkpoints than {c} (not the weights `pipeline predict` used)"
+        mine.append(identity)
     if len(checkpoints) != len(made):
         return f"made from {len(made)} checkpoint(s), not these {len(checkpoints)}"
+    device = resolve_device(predict_cfg.device)
+    runs = [model_runtime(meta, predict_cfg.amp, device) for meta in metas]
+    if Counter(runs) != Counter(made_runs):
+        if _kinds(runs) == _kinds(made_runs):
+            return f"made with other exported models ({_kinds(made_runs)}) than this run's"
+        return f"its models ran as {_kinds(made_runs)}, this run's as {_kinds(runs)} (predict.amp, device, --backend)"
+    if Counter(zip(mine, runs)) != Counter(zip(made, made_runs)):
+        odd = [(c, h) for c, h in zip(checkpoints, mine) if mine.count(h) != made.count(h)]
+        if not odd:
+            return "its models ran otherwise, one by one, than this run's (backend and precision of each)"
+        c, h = odd[0]
+        return (f"made from another ensemble: {c} is given {mine.count(h)} time(s) here, {made.count(h)} there "
+                "(a checkpoint given twice weighs twice in the mean)")
     want_kind = "tta" if predict_cfg.tta == "flip" else "plain"
     if str(z["oof_kind"]) != want_kind:
         return (f"fitted on '{z['oof_kind']}' OOF predictions, this run's predict.tta {predict_cfg.tta} "

@@ -267,3 +267,70 @@ def test_what_cannot_be_an_image_is_one_clear_error_naming_it(image, needle):
     assert "\n" not in str(e.value)
     with pytest.raises(PipelineError, match=r"^images\[1\]: .*" + needle):
         landmarker.predict_batch([IMAGE, image], [BOXES, BOXES])
+
+
+@pytest.mark.parametrize("box, needle", [
+    ([np.nan, 20, 50, 60], r"box \(left nan, top 20, 50x60\) is not finite"),
+    ([30, 20, np.inf, 60], r"box \(left 30, top 20, infx60\) is not finite"),
+    ([30, 20, 0, 60], r"box has non-positive size 0x60"),
+    ([30, 20, 50, -60], r"box has non-positive size 50x-60"),
+    ([1000, 900, 50, 60], r"box \(left 1000, top 900, 50x60\) lies outside the image \(160x120 px\)"),
+    ([0, 0, 1e9, 1e9], r"box 1000000000x1000000000 is more than 3x the image \(160x120 px\)"),
+])
+def test_a_box_that_is_no_face_of_the_photo_is_one_clear_error_naming_it(box, needle):
+    """A NaN, infinite, empty or negative box, one outside the photo or far larger than it,
+    is one PipelineError line naming the box, whichever way it is given, not NaN or
+    garbage points or an OpenCV traceback."""
+    landmarker = _colour_landmarker()
+    bad = np.array([BOXES[0], box], dtype=np.float64)
+    calls = [lambda: landmarker.predict(IMAGE, bad), lambda: landmarker.predict_scored(IMAGE, bad),
+             lambda: landmarker.faces(IMAGE, bad), lambda: landmarker.predict(IMAGE, bad[1])]
+    for call, where in zip(calls, ["boxes[1]", "boxes[1]", "boxes[1]", "boxes[0]"]):
+        with pytest.raises(PipelineError, match=rf"^{re.escape(where)}: {needle}") as e:
+            call()
+        assert "\n" not in str(e.value)
+    for call in (landmarker.predict_batch, landmarker.predict_batch_scored, landmarker.faces_batch):
+        with pytest.raises(PipelineError, match=rf"^boxes_list\[1\]\[1\]: {needle}"):
+            call([IMAGE, IMAGE], [BOXES, bad])
+
+
+@pytest.mark.parametrize("boxes, needle", [
+    (np.zeros((2, 3)), r"got an array of shape \(2, 3\)"),
+    (np.zeros((1, 2, 4)), r"got an array of shape \(1, 2, 4\)"),
+    (np.arange(8.0), r"got an array of shape \(8,\)"),
+    ([["30", "20", "50", "60"]], r"got an array of dtype <U2"),
+    ("30,20,50,60", r"got str"),
+    ([[30, 20, 50, 60], [1, 2]], r"got list"),
+    (object(), r"got object"),
+])
+def test_what_cannot_be_boxes_is_one_clear_error_naming_it(boxes, needle):
+    landmarker = _colour_landmarker()
+    with pytest.raises(PipelineError, match=r"^boxes: " + needle) as e:
+        landmarker.predict(IMAGE, boxes)
+    assert "\n" not in str(e.value)
+    with pytest.raises(PipelineError, match=r"^boxes_list\[1\]: " + needle):
+        landmarker.predict_batch([IMAGE, IMAGE], [BOXES, boxes])
+    # what is fine: one box (4,), no box (0, 4) or [], ints
+    assert landmarker.predict(IMAGE, BOXES[0]).shape == (1, 68, 2)
+    assert landmarker.predict(IMAGE, []).shape == (0, 68, 2)
+    np.testing.assert_array_equal(landmarker.predict(IMAGE, BOXES.astype(int)), landmarker.predict(IMAGE, BOXES))
+
+
+@pytest.mark.parametrize("options, needle", [
+    ({"batch_size": 0}, r"batch_size must be an integer >= 1, got 0"),
+    ({"batch_size": 2.5}, r"batch_size must be an integer >= 1, got 2.5"),
+    ({"jitter": float("nan")}, r"jitter must be a number in \[0, 0.5\], got nan"),
+    ({"jitter": 0.9}, r"jitter must be a number in \[0, 0.5\], got 0.9"),
+    ({"jitter": -0.1}, r"jitter must be a number in \[0, 0.5\], got -0.1"),
+    ({"amp": "fast"}, r"amp must be auto, on, off, bf16 or fp16, got 'fast'"),
+])
+def test_options_outside_the_predict_params_range_are_refused_before_any_model_loads(options, needle):
+    """The Landmarker's options take what the predict params they stand for take
+    (params_schema: tta_jitter 0-0.5, batch_size >= 1, amp): one line naming the option,
+    from the constructor and from `from_checkpoints` before it reads a checkpoint."""
+    with pytest.raises(PipelineError, match="^" + needle + "$"):
+        Landmarker([(MeanColour(), _meta(32, 1.25))], device="cpu", **options)
+    with pytest.raises(PipelineError, match="^" + needle + "$"):
+        Landmarker.from_checkpoints(["absent.pt"], device="cpu", **options)
+    ok = {"batch_size": np.int64(3), "jitter": np.float32(0.25)}
+    assert Landmarker([(MeanColour(), _meta(32, 1.25))], device="cpu", **ok).batch_size == 3

@@ -2,6 +2,7 @@
 
 import json
 import shutil
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -269,9 +270,11 @@ def test_a_models_identity_is_its_checkpoints_under_either_backend(trained, tmp_
     is read), and `submit --xml` compares them the same way; an exported .onnx model is no
     checkpoint: never the one its calibration was fitted for."""
     from pipeline.core.config import result_params
+    from pipeline.core.device import resolve_device
     from pipeline.core.errors import PipelineError
     from pipeline.formats.checkpoint import checkpoint_identity, model_identity
     from pipeline.formats.predictions import write_test_predictions
+    from pipeline.inference.predictor import model_runtime
     from pipeline.stages.submit import calibration_mismatch
 
     path, absent = trained / "fold0" / "best.pt", tmp_path / "absent.pt"
@@ -289,6 +292,7 @@ def test_a_models_identity_is_its_checkpoints_under_either_backend(trained, tmp_
                            per_fold=np.zeros((1, 1, k, 2)), folds=[0], bias=np.zeros((k, 2)), calibrated=True,
                            oof_kind="tta" if cfg.predict.tta == "flip" else "plain", face_id=["f0"],
                            keypoint_names=IBUG68.names, checkpoint_identity=[want],
+                           runtime=[model_runtime(ckpt, cfg.predict.amp, resolve_device(cfg.predict.device))],
                            predict_params=result_params(cfg, ["predict"])["predict"])
     assert calibration_mismatch(npz, cfg.predict, [path], [ckpt], IBUG68) is None
     assert calibration_mismatch(npz, cfg.predict, [path], [meta_only], IBUG68) is None
@@ -326,3 +330,94 @@ def test_tta_none_with_jitter_is_a_one_line_param_error(tiny_workspace, trained,
     assert code == 2 and len(err.strip().splitlines()) == 1, err
     assert "--set predict.tta_jitter=0.1" in err and "predict.tta_jitter 0.1 needs predict.tta flip" in err
     assert not (tmp_path / "pred").exists()
+
+
+def _submit_xml(xml, ckpts, out, over, capsys, caplog, *extra):
+    """`submit --xml` -> (exit code, stderr, its log lines about the calibration)."""
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        code, _, err = run_cli(["submit", "--xml", xml, "--checkpoints", *ckpts, "--out", out, *extra] + over, capsys)
+    return code, err, [r.getMessage() for r in caplog.records if "calibration" in r.getMessage()]
+
+
+def test_a_repeated_checkpoint_is_another_ensemble_and_gets_no_calibration(tiny_workspace, trained, demo_dir,
+                                                                          tmp_path, capsys, caplog):
+    """The OOF bias `pipeline predict` fitted for folds 0 and 1 is for their mean: fold 0
+    given twice is another ensemble (the same models, counted otherwise), so `submit --xml`
+    skips the calibration with one line saying why, and refuses it when told to use it."""
+    ws, root = tiny_workspace, tmp_path / "proj"
+    ckpts = _project(trained, root)
+    over = sum((["--set", s] for s in TINY + ["predict.calibrate=on"]), [])
+    main(["predict", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"), "--models", str(root / "models"),
+          "--out", str(root / "predictions")] + over)
+    xml, twice = demo_dir / load_config(None).data.test_xml, [ckpts[0], ckpts[0]]
+    code, err, lines = _submit_xml(xml, twice, root / "twice.csv", over, capsys, caplog)
+    assert code == 0, err
+    assert len(lines) == 1 and "OOF calibration not applied" in lines[0] and "twice" in lines[0], lines
+    code, err, _ = _submit_xml(xml, twice, root / "twice_raw.csv", over, capsys, caplog, "--calibration", "off")
+    assert code == 0, err
+    assert (root / "twice.csv").read_bytes() == (root / "twice_raw.csv").read_bytes()
+    code, err, _ = _submit_xml(xml, twice, root / "bad.csv", over, capsys, caplog,
+                               "--calibration", root / "predictions" / "test.npz")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "test.npz: cannot calibrate" in err, err
+    assert not (root / "bad.csv").exists()
+
+
+def test_predict_records_the_exported_int8_models_that_ran(tiny_workspace, trained, demo_dir, tmp_path, capsys,
+                                                            caplog):
+    """After `export --int8`, `predict --backend onnx` runs each fold's int8 twin: test.npz
+    records that (the backend, the precision and the .onnx file's hash), so `submit --xml`
+    with the checkpoints (the torch backend, fp32) does not apply the int8 models' bias."""
+    pytest.importorskip("onnxruntime.quantization")
+    from pipeline.core.digest import file_sha256
+
+    ws, root = tiny_workspace, tmp_path / "proj"
+    ckpts = _project(trained, root)
+    for c in ckpts:
+        main(["export", c, "--int8", "--no-verify"])
+    over = sum((["--set", s] for s in TINY + ["predict.calibrate=on"]), [])
+    main(["predict", "--cache", str(ws / "cache"), "--folds", str(ws / "folds.csv"), "--models", str(root / "models"),
+          "--out", str(root / "predictions"), "--backend", "onnx"] + over)
+    z = np.load(root / "predictions" / "test.npz")
+    xml = demo_dir / load_config(None).data.test_xml
+    code, err, lines = _submit_xml(xml, ckpts, root / "torch.csv", over, capsys, caplog)
+    assert code == 0, err
+    assert len(lines) == 1 and "OOF calibration not applied" in lines[0] and "onnx int8" in lines[0], lines
+    code, err, _ = _submit_xml(xml, ckpts, root / "raw.csv", over, capsys, caplog, "--calibration", "off")
+    assert code == 0, err
+    assert (root / "torch.csv").read_bytes() == (root / "raw.csv").read_bytes()
+    assert [str(r) for r in z["runtime"]] == [f"onnx int8 {file_sha256(Path(c).with_suffix('.onnx'))}"
+                                              for c in ckpts]
+
+
+def test_the_calibration_is_for_one_multiset_of_models_one_backend_and_precision(trained, tmp_path):
+    """`calibration_mismatch` compares the models that ran, each with how it ran (backend,
+    precision), as a multiset: the same checkpoints under another autocast precision, or one
+    of them twice, are not what the bias was fitted for."""
+    from pipeline.core.config import result_params
+    from pipeline.formats.checkpoint import checkpoint_identity
+    from pipeline.formats.predictions import write_test_predictions
+    from pipeline.stages.submit import calibration_mismatch
+
+    paths = [trained / "fold0" / "best.pt", trained / "fold1" / "best.pt"]
+    metas = [load_checkpoint(p) for p in paths]
+    cfg = load_config(None, TINY + ["predict.device=cpu"])
+    npz, k = tmp_path / "test.npz", IBUG68.k
+
+    def made(runtime):
+        write_test_predictions(npz, ensemble=np.zeros((1, k, 2)), ensemble_raw=np.zeros((1, k, 2)),
+                               per_fold=np.zeros((2, 1, k, 2)), folds=[0, 1], bias=np.zeros((k, 2)),
+                               calibrated=True, oof_kind="tta", face_id=["f0"], keypoint_names=IBUG68.names,
+                               checkpoint_identity=[checkpoint_identity(m) for m in metas], runtime=runtime,
+                               predict_params=result_params(cfg, ["predict"])["predict"])
+
+    made(["torch fp32", "torch fp32"])
+    assert calibration_mismatch(npz, cfg.predict, paths, metas, IBUG68) is None
+    assert calibration_mismatch(npz, cfg.predict, paths[::-1], metas[::-1], IBUG68) is None  # a multiset
+    assert "twice" in calibration_mismatch(npz, cfg.predict, paths[:1] * 2, metas[:1] * 2, IBUG68)
+    bf16 = load_config(None, TINY + ["predict.device=cpu", "predict.amp=bf16"]).predict
+    assert "torch fp32" in calibration_mismatch(npz, bf16, paths, metas, IBUG68)
+    made(["torch bf16", "torch bf16"])
+    assert calibration_mismatch(npz, bf16, paths, metas, IBUG68) is None
+    made(["onnx fp32 " + "0" * 64, "torch fp32"])
+    assert "onnx fp32" in calibration_mismatch(npz, cfg.predict, paths, metas, IBUG68)
