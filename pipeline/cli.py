@@ -26,6 +26,7 @@ COMMANDS = {
     "evaluate": "pipeline.stages.evaluate:evaluate_cmd",
     "leaderboard": "pipeline.tools.leaderboard:leaderboard_cmd",
     "bench": "pipeline.tools.bench.command:bench_cmd",
+    "budget-plot": "pipeline.tools.budget_plot:budget_plot_cmd",
     "export": "pipeline.tools.export:export_cmd",
     "show": "pipeline.tools.viz:show_cmd",
     "heatmaps": "pipeline.tools.viz:heatmaps_cmd",

@@ -220,8 +220,8 @@ _RESUNET_OPTIONS = {"block": "string", "depths": "ints", "width": "number", "ste
                     "blurpool": "bool", "act": "string", "input_skip": "bool", "zero_init_last": "bool",
                     "decoder_levels": "int", "map_upsample": "int"}
 MODEL_OPTIONS: dict[str, dict[str, str]] = {
-    "resunet72": _RESUNET_OPTIONS, "resunet-tiny": _RESUNET_OPTIONS, "resunet26-half": _RESUNET_OPTIONS,
-    "resunet-fast": _RESUNET_OPTIONS,
+    "resunet72": _RESUNET_OPTIONS, "resunet-tiny": _RESUNET_OPTIONS, "resunet18-cpu": _RESUNET_OPTIONS,
+    "resunet26-half": _RESUNET_OPTIONS, "resunet-fast": _RESUNET_OPTIONS,
     "vgg-seed": {"widths": "ints", "convs": "ints", "fc_width": "int", "act": "string"},
     "resnet50-fc": {},
 }

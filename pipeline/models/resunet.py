@@ -321,6 +321,17 @@ def resunet_tiny(**kwargs) -> ResUNet:
 
 
 @register_model(input_size=128)
+def resunet18_cpu(**kwargs) -> ResUNet:
+    """Larger CPU model: ResNet-18-D basic-block body (2-2-2-2) at 3/4 width, resunet-tiny's decoder"""
+    # basic blocks keep the 3x3 convs wide enough for the CPU's matmul kernels, where the
+    # half-width bottlenecks of resunet26-half spend their FLOPs in narrow 1x1 convs
+    # (docs/benchmarks.md); the decoder and its 1/4-resolution maps are resunet-tiny's
+    return _create_resunet(dict(block="basic", depths=(2, 2, 2, 2), width=0.75,
+                                decoder_widths=(128, 64, 32, 16, 8), decoder_levels=3,
+                                zero_init_last=False), kwargs)
+
+
+@register_model(input_size=128)
 def resunet26_half(**kwargs) -> ResUNet:
     """ResNet-26-D bottleneck body (2-2-2-2) at half width + U-Net decoder"""
     return _create_resunet(dict(block="bottleneck", depths=(2, 2, 2, 2), width=0.5,

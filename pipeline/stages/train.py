@@ -124,7 +124,8 @@ def fit(cfg: Config, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: s
         raise PipelineError(last_path, "no validated epoch (train.val_every above the epochs trained?)")
     best = min(validated, key=lambda r: r["score_mae"] if math.isfinite(r["score_mae"]) else float("inf"))
     sfx = "_ema" if best["weights"] == "ema" else ""
-    metrics = {"fold": fold, "epochs": history[-1]["epoch"], "val_mae": best["val_mae" + sfx],
+    metrics = {"fold": fold, "epochs": history[-1]["epoch"], "train_faces": len(train_idx),
+               "val_mae": best["val_mae" + sfx],
                "val_nme": best["val_nme" + sfx], "best_epoch": best["epoch"], "best_weights": best["weights"],
                "last_val_mae": validated[-1]["val_mae"]}
     if is_main:

@@ -29,9 +29,9 @@ from pipeline.models.resunet import BasicBlock, Bottleneck
 
 K = 5
 PRESETS = list_presets()
-HEATMAP = ["resunet72", "resunet-tiny", "resunet26-half"]
+HEATMAP = ["resunet72", "resunet-tiny", "resunet18-cpu", "resunet26-half"]
 # the smallest input each preset takes (five halvings); 64 px for the heatmap models
-SMALL = {"resunet72": 64, "resunet-tiny": 64, "resunet26-half": 64, "resunet-fast": 64, "vgg-seed": 32,
+SMALL = {"resunet72": 64, "resunet-tiny": 64, "resunet18-cpu": 64, "resunet26-half": 64, "resunet-fast": 64, "vgg-seed": 32,
          "resnet50-fc": 32}
 
 _CACHE: dict = {}
@@ -56,7 +56,8 @@ def main_path_layers(model: nn.Module) -> list[str]:
 
 
 def test_presets_registered():
-    assert set(PRESETS) == {"resunet72", "resunet-tiny", "resunet26-half", "resunet-fast", "vgg-seed", "resnet50-fc"}
+    assert set(PRESETS) == {"resunet72", "resunet-tiny", "resunet18-cpu", "resunet26-half", "resunet-fast", "vgg-seed",
+                            "resnet50-fc"}
     assert default_input_size("resunet-tiny") == 96 and default_input_size("resunet-fast") == 64
     assert default_input_size("resunet72") == default_input_size("vgg-seed") == 224
 
