@@ -20,6 +20,7 @@ COMMANDS = {
     "models": "pipeline.cli:models_cmd",
     "train": "pipeline.stages.train:train_cmd",
     "train-folds": "pipeline.tools.train_folds:train_folds_cmd",
+    "presence": "pipeline.stages.presence:presence_cmd",
     "predict": "pipeline.stages.predict:predict_cmd",
     "submit": "pipeline.stages.submit:submit_cmd",
     "score": "pipeline.stages.evaluate:score_cmd",

@@ -86,6 +86,7 @@ CHANGES = [
     ("submit", "submit.name", "other", ["submissions"]),
     ("evaluate", "submit.name", "other", ["metrics/test.json"]),
     ("predict", "predict.tta", "none", ["predictions/test.npz"]),  # oof.npz holds both, whatever tta
+    ("presence@0", "presence.seed", 1, ["models/fold0/presence.json"]),
     ("train@0", "train.lr", 0.01, ["models/fold0/best.pt", "models/fold0/params.resolved.yaml"]),
     ("folds", "folds.k", 3, ["folds/folds.csv"]),
     ("crop", "crop.side", 24, ["data/cache/train/faces.npy", "data/cache/test/faces.npy"]),

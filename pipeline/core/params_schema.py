@@ -328,6 +328,25 @@ class PredictParams(Section):
     checkpoint: str = param("best.pt", "which file of models/fold{K}/")
 
 
+class PresenceParams(Section):
+    """pipeline presence (a DVC stage) and calibrate-presence: face-presence thresholds (pipeline/stages/presence.py)"""
+
+    # the score is read from these views wherever the threshold is applied: under the other
+    # tta a flip-calibrated score still runs the mirrored view (the cost of flip TTA)
+    tta: Literal["none", "flip"] = param("flip", "the views the score reads, here and wherever its threshold "
+                                                 "applies: flip (the face and its mirror) | none (the face)")
+    # under this the threshold would drop faces or keep non-faces at random: no gate instead
+    min_auc: float = param(0.9, "no threshold (no gate) unless faces outscore non-faces with this ROC AUC",
+                           ge=0.5, le=1)
+    # a tracked face that scores a little low for a few frames (a turn, motion blur) keeps
+    # its track; a drifting box (the non-face crops' shifted boxes) still falls below it
+    keep_drop: float = param(0.95, "a track is kept while its score is at least the level that still drops "
+                                   "this share of the non-face crops (never above the start threshold)",
+                             ge=0.5, le=1)
+    seed: int = param(0, "where the non-face crops are cut", ge=0)
+    device: str = param("auto", "auto | cpu | cuda | cuda:N")
+
+
 class SubmitParams(Section):
     name: str = param("submission", "submissions/<name>.csv")
 
@@ -389,6 +408,7 @@ class Config(BaseModel):
     model: ModelParams = ModelParams()
     train: TrainParams = TrainParams()
     predict: PredictParams = PredictParams()
+    presence: PresenceParams = PresenceParams()
     submit: SubmitParams = SubmitParams()
     video: VideoParams = VideoParams()
 

@@ -5,19 +5,23 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import pickle
 import re
 import warnings
 import zipfile
+from pathlib import Path
 from typing import Any
 
 import torch
 
 from pipeline.core.errors import PipelineError
-from pipeline.core.io import input_file, torch_save
+from pipeline.core.io import input_file, torch_save, write_json
 from pipeline.keypoints.schema import check_schema
 from pipeline.models import build_model
+
+log = logging.getLogger(__name__)
 
 REQUIRED = ("model_config", "model", "schema", "epoch")
 
@@ -130,33 +134,105 @@ def checkpoint_label_origin(ckpt: dict[str, Any]) -> float:
 # The face-presence score (pipeline/inference/presence.py) of a checkpoint's model: its
 # radius (the keypoint's neighbourhood, in map sides: 3.2 px of a 64 px map, 7 % of the face
 # box's side at crop.expand 1.4, well beyond a good model's point error and well inside a
-# face) and the threshold `pipeline calibrate-presence` chose on its held-out faces.
+# face) and the thresholds the presence stage (or `pipeline calibrate-presence`) chose on its
+# held-out faces.
 PRESENCE_RADIUS = 0.05
-# the gate of a model never calibrated: under the held-out faces' scores of every trained
-# model measured, so it drops clear non-faces and no real face (docs/video.md)
-DEFAULT_PRESENCE_THRESHOLD = 0.5
+# the definition of the score a threshold was chosen on: a threshold of another means nothing
+PRESENCE_SCORE_VERSION = 2
+PRESENCE_TTA = ("none", "flip")
+# beside each checkpoint: the presence stage's output (the checkpoint, a train output, stays
+# as trained), for the checkpoint of the identity it names
+PRESENCE_FILE = "presence.json"
 
 
-def presence_stamp(threshold: float, radius: float = PRESENCE_RADIUS, **measured: Any) -> dict[str, Any]:
-    """A checkpoint's (or exported model's) "presence": the score's radius and threshold, plus
-    what the calibration measured (auc, faces, non_faces, ...), the single writer of what
-    `checkpoint_presence` reads."""
-    return {"threshold": float(threshold), "radius": float(radius), **measured}
+def presence_stamp(threshold: float | None, radius: float = PRESENCE_RADIUS, *, keep: float | None = None,
+                   tta: str = "flip", **measured: Any) -> dict[str, Any]:
+    """A checkpoint's (or exported model's) "presence": the score's definition (version,
+    radius, the views it reads: tta), the threshold a face must score to start a track and be
+    a face (None: no gate, `why` says why) and the lower one that keeps a track (`keep`,
+    default the threshold), plus what the calibration measured (auc, faces, ...): the single
+    writer of what `checkpoint_presence` reads."""
+    keep = threshold if keep is None else keep
+    return {"threshold": None if threshold is None else float(threshold),
+            "keep": None if keep is None else float(keep), "radius": float(radius), "tta": tta,
+            "version": PRESENCE_SCORE_VERSION, **measured}
 
 
 def checkpoint_presence(ckpt: dict[str, Any], where: str | os.PathLike | None = None) -> dict[str, Any]:
-    """The face-presence calibration of a checkpoint or exported model: {"threshold", "radius",
-    "calibrated"} (+ what the calibration measured). A model never calibrated gets
-    DEFAULT_PRESENCE_THRESHOLD and PRESENCE_RADIUS, calibrated False."""
+    """The face-presence calibration of a checkpoint or exported model: {"threshold", "keep",
+    "radius", "tta", "calibrated", "why"} (+ what the calibration measured). No threshold
+    (None, calibrated False, `why` saying why: never calibrated, no separation, an older
+    score) means no gate; a stamp that is not one is a PipelineError naming `where`."""
     stamp: Any = ckpt.get("presence")
     if stamp is None:
-        return {"threshold": DEFAULT_PRESENCE_THRESHOLD, "radius": PRESENCE_RADIUS, "calibrated": False}
+        return {"threshold": None, "keep": None, "radius": PRESENCE_RADIUS, "tta": None, "calibrated": False,
+                "why": "never calibrated (run the presence stage or `pipeline calibrate-presence`)"}
+
+    def bad(detail: str) -> PipelineError:
+        return PipelineError(where, f"bad presence calibration {detail} in the checkpoint (expects presence: "
+                                    "{threshold, keep, radius, tta, version})")
+
     try:
-        threshold, radius = float(stamp["threshold"]), float(stamp["radius"])
-    except (TypeError, KeyError, ValueError):
-        raise PipelineError(where, f"bad presence calibration {stamp!r} in the checkpoint "
-                                   "(expects presence: {threshold, radius})") from None
-    if not 0 <= threshold <= 1 or not 0 < radius <= 1:  # a share of probability; a share of the map side
-        raise PipelineError(where, f"bad presence calibration (threshold {threshold}, radius {radius}) in the "
-                                   "checkpoint: expects 0 <= threshold <= 1, 0 < radius <= 1")
-    return {**stamp, "threshold": threshold, "radius": radius, "calibrated": True}
+        threshold = None if stamp["threshold"] is None else float(stamp["threshold"])
+        radius = float(stamp["radius"])
+        keep = threshold if stamp.get("keep", threshold) is None else float(stamp.get("keep", threshold))
+    except (TypeError, KeyError, ValueError, AttributeError):
+        raise bad(repr(stamp)) from None
+    tta = stamp.get("tta", "flip")
+    if threshold is not None and not (keep is not None and 0 <= keep <= threshold <= 1):
+        raise bad(f"(threshold {threshold}, keep {keep}): expects 0 <= keep <= threshold <= 1")
+    if not 0 < radius <= 1 or tta not in PRESENCE_TTA:  # a share of the map side; the views read
+        raise bad(f"(radius {radius}, tta {tta!r}): expects 0 < radius <= 1, tta none | flip")
+    out = {**stamp, "threshold": threshold, "keep": keep, "radius": radius, "tta": tta}
+    if stamp.get("version") != PRESENCE_SCORE_VERSION:
+        return {**out, "threshold": None, "keep": None, "calibrated": False,
+                "why": f"calibrated for an older presence score (version {stamp.get('version', 1)}, this is "
+                       f"{PRESENCE_SCORE_VERSION}): calibrate it again"}
+    if threshold is None:
+        return {**out, "calibrated": False, "why": str(stamp.get("why", "no threshold"))}
+    return {**out, "calibrated": True, "why": ""}
+
+
+def presence_file(checkpoint: str | os.PathLike) -> Path:
+    """The presence calibration file beside a checkpoint: models/foldK/presence.json."""
+    return Path(checkpoint).parent / PRESENCE_FILE
+
+
+def write_presence_file(checkpoint: str | os.PathLike, ckpt: dict[str, Any], stamp: dict[str, Any],
+                        **details: Any) -> Path:
+    """Write `stamp` (`presence_stamp`) for the checkpoint at `checkpoint` (loaded: `ckpt`)
+    into its `presence_file`, with the checkpoint's name and identity and `details`."""
+    path = presence_file(checkpoint)
+    write_json(path, {"checkpoint": Path(checkpoint).name, "identity": checkpoint_identity(ckpt),
+                      "presence": stamp, **details})
+    return path
+
+
+def read_presence_file(path: str | os.PathLike) -> dict[str, Any]:
+    """A presence file: {"checkpoint", "identity", "presence", ...}, checked."""
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise PipelineError(path, f"unreadable presence calibration ({type(e).__name__})") from None
+    if not isinstance(data, dict) or not all(isinstance(data.get(k), str) for k in ("checkpoint", "identity")) \
+            or not isinstance(data.get("presence"), dict):
+        raise PipelineError(path, "not a presence calibration (needs checkpoint, identity, presence)")
+    checkpoint_presence(data, path)  # a bad stamp is an error here, naming this file
+    return data
+
+
+def with_presence_file(checkpoint: str | os.PathLike, meta: dict[str, Any]) -> dict[str, Any]:
+    """`meta` (a `load_predictor` meta of the checkpoint at `checkpoint`) with the presence
+    calibration of the `presence_file` beside it when that file was made for this very
+    checkpoint (its identity), in place of any the checkpoint carries. An exported .onnx model
+    carries its own (`pipeline export` copies it into the JSON)."""
+    path = presence_file(checkpoint)
+    if Path(checkpoint).suffix == ".onnx" or not path.is_file():
+        return meta
+    data = read_presence_file(path)
+    if data["identity"] == model_identity(checkpoint, meta):
+        return {**meta, "presence": data["presence"]}
+    if data["checkpoint"] == Path(checkpoint).name:  # made for an earlier state of this file
+        log.warning("%s: made for other weights than %s (retrained since?): not used", path, checkpoint)
+    return meta

@@ -21,7 +21,6 @@ from __future__ import annotations
 import glob
 import logging
 import os
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable, Sequence
@@ -38,7 +37,7 @@ from pipeline.formats.annotations import crop_faces, load_xml, read_image
 from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_presence
 from pipeline.inference.live import Tracker
 from pipeline.inference.predictor import load_predictor
-from pipeline.inference.presence import is_face, scorer, select_faces
+from pipeline.inference.presence import Scorer, is_face, scorer, select_faces
 from pipeline.inference.tta import predict_original
 from pipeline.keypoints.geometry import check_box, crop_face
 from pipeline.keypoints.schema import KeypointSchema, check_schema, schema_from_dict
@@ -215,12 +214,12 @@ class Landmarker:
         for meta, path in zip(self.metas, self.paths):
             check_schema(meta["schema"], self.schema, path, "model", "the others for")
         self.geometries = [checkpoint_crop(meta, path) for meta, path in zip(self.metas, self.paths)]
-        # each model's face-presence calibration ({"threshold", "radius", "calibrated", ...},
-        # pipeline/formats/checkpoint.py `checkpoint_presence`); the ensemble's face gate is the
-        # mean of their thresholds (its score is the mean of their scores)
+        # each model's face-presence calibration ({"threshold", "keep", "radius", "tta",
+        # "calibrated", "why", ...}, pipeline/formats/checkpoint.py `checkpoint_presence`) and
+        # whether it gives a score at all (heatmaps): the ensemble's gate is `presence_threshold`
         self.presence = [checkpoint_presence(meta, path) for meta, path in zip(self.metas, self.paths)]
-        self.presence_threshold = float(np.mean([p["threshold"] for p in self.presence]))
-        self._scorers = [scorer(p["radius"]) for p in self.presence]
+        self._scoring = np.array([hasattr(m, "forward_maps") for m in self.models], dtype=bool)
+        self._gate_warned = False
         self.tta, self.jitter = tta, float(jitter)
         self.device = resolve_device(device) if isinstance(device, str) else device
         self.batch_size, self.amp, self.detector = int(batch_size), amp, detector
@@ -283,7 +282,7 @@ class Landmarker:
                                           "(rerun `pipeline crop` with the training's crop params, or retrain)")
 
     def _predict_model(self, i: int, crops: np.ndarray, crop_to_orig: np.ndarray, tta: str,
-                       progress: bool, presence: Callable[..., torch.Tensor] | None = None) -> dict[str, np.ndarray]:
+                       progress: bool, presence: Scorer | None = None) -> dict[str, np.ndarray]:
         return predict_original(self.models[i], self.metas[i], crops, crop_to_orig, tta, self.batch_size,
                                 self.device, progress=progress, amp=self.amp, amp_key="predict.amp",
                                 jitter=self.jitter, presence=presence)
@@ -309,8 +308,15 @@ class Landmarker:
                 by_geometry[geometry] = crop(*geometry)
             crops, crop_to_orig = by_geometry[geometry]
             outs.append(self._predict_model(i, crops, crop_to_orig, self.tta, progress,
-                                            self._scorers[i] if scored else None))
+                                            self._scorer(i) if scored else None))
         return outs
+
+    def _scorer(self, i: int) -> Scorer:
+        """Model i's presence score on the views its threshold was calibrated on (a threshold
+        holds only for the score it was chosen on), whatever the keypoints' TTA; on the
+        keypoints' views when it has none."""
+        views = self.presence[i]["tta"] or self.tta
+        return scorer(self.presence[i]["radius"], self.metas[i]["schema"]["flip"] if views == "flip" else None)
 
     def per_model(self, crop: CropFn, progress: bool = False) -> np.ndarray:
         """Every model's final predictions (F, N, K, 2) of the faces `crop(size, expand)` gives,
@@ -392,11 +398,36 @@ class Landmarker:
 
     def predict_faces_scored(self, crop: CropFn, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
         """The ensemble (N, K, 2) of the faces `crop(size, expand)` gives, and their presence
-        scores (N,): the mean of the models' (NaN where none has heatmaps)."""
+        scores (N,): the mean of the models that give one (heatmaps; NaN when none does), the
+        models whose thresholds `presence_threshold` averages."""
         points, scores = self.per_model_scored(crop, progress)
-        with warnings.catch_warnings():  # all-NaN columns (no heatmaps) stay NaN, silently
-            warnings.simplefilter("ignore", RuntimeWarning)
-            return self.ensemble(points), np.nanmean(scores, axis=0)
+        mean = scores[self._scoring].mean(0) if self._scoring.any() else np.full(scores.shape[1], np.nan)
+        return self.ensemble(points), mean
+
+    @property
+    def presence_threshold(self) -> float | None:
+        """The ensemble's face gate: the mean threshold of the models that give a score (a model
+        without heatmaps counts in neither the score nor this); None, no gate, when one of
+        them has no threshold (never calibrated, or faces and non-faces did not separate), said
+        in one warning line the first time."""
+        return self._gate("threshold")
+
+    @property
+    def presence_keep(self) -> float | None:
+        """The lower gate that keeps a track (the mean of the scoring models' `keep`), None
+        when `presence_threshold` is."""
+        return self._gate("keep")
+
+    def _gate(self, key: str) -> float | None:
+        scoring = [(p, path) for p, path, s in zip(self.presence, self.paths, self._scoring) if s]
+        missing = [(p, path) for p, path in scoring if p["threshold"] is None]
+        if missing:
+            if not self._gate_warned:
+                p, path = missing[0]
+                log.warning("%s: %s: no face gate, every detection counts as a face", path or "a model", p["why"])
+                self._gate_warned = True
+            return None
+        return float(np.mean([p[key] for p, _ in scoring])) if scoring else None
 
     def predict_batch_scored(self, images: Sequence[np.ndarray | str | os.PathLike],
                              boxes_list: Sequence[np.ndarray] | None = None,
@@ -429,12 +460,13 @@ class Landmarker:
         beside them."""
         # all the detector's faces: a non-face must not take a face's place
         boxes_list, raw_list, crop = self._faces_of(images, boxes_list, 0, detector_boxes)
+        threshold = self.presence_threshold
         out = []
         for boxes, raw, (points, scores) in zip(boxes_list, raw_list,
                                                 self._scored_by_photo([len(b) for b in boxes_list], crop)):
-            keep, face = select_faces(scores, self.presence_threshold, max_faces, keep_all)
+            keep, face = select_faces(scores, threshold, max_faces, keep_all)
             out.append(Faces(boxes[keep], points[keep], scores[keep], face, None if raw is None else raw[keep],
-                             int((~is_face(scores, self.presence_threshold)).sum())))
+                             int((~is_face(scores, threshold)).sum())))
         return out
 
     def faces(self, image: np.ndarray | str | os.PathLike, boxes: np.ndarray | None = None, max_faces: int = 0,

@@ -40,7 +40,8 @@ class Tracker:
 
     landmarker: a `pipeline.inference.landmarker.Landmarker` (`landmarker.tracker()` makes
     this), or any predictor with `predict(image, boxes) -> points (M, K, 2)` (unscored: no
-    gate) or `predict_scored(image, boxes) -> (points, scores)` and `presence_threshold`; video: the tracking params (default: the defaults of params.yaml's `video`);
+    gate) or `predict_scored(image, boxes) -> (points, scores)` and `presence_threshold` (and
+    `presence_keep`, the lower score that keeps a track); video: the tracking params (default: the defaults of params.yaml's `video`);
     smoothing: one_euro | none; detect: `detect(image) -> boxes (M, 4)` (default: the
     video.detector, else the landmarker's); presence: gate tracks by the models' threshold
     (default: video.presence)."""
@@ -60,12 +61,14 @@ class Tracker:
         gate = scored and ((v.presence == "on") if presence is None else bool(presence))
         smoother = (lambda: OneEuroFilter(v.min_cutoff, v.beta, v.d_cutoff)) if smoothing == "one_euro" else None
         self.landmarker = landmarker
-        self.threshold: float | None = float(landmarker.presence_threshold) if gate else None
+        # a face starts a track at `threshold` and keeps it down to `keep_threshold` (None: no gate)
+        self.threshold: float | None = landmarker.presence_threshold if gate else None
+        self.keep_threshold: float | None = getattr(landmarker, "presence_keep", None) if gate else None
         predict = landmarker.predict_scored if scored else landmarker.predict
         self._tracker = FaceTracker(detect, predict, box_from_points=box_constants(v),
                                     detect_every=v.detect_every, match_iou=v.match_iou, min_visible=v.min_visible,
                                     max_missed=v.max_missed, max_faces=v.max_faces, retry_every=v.retry_every,
-                                    smoother=smoother, threshold=self.threshold)
+                                    smoother=smoother, threshold=self.threshold, keep_threshold=self.keep_threshold)
         self.frames = 0
         self._start: float | None = None
 

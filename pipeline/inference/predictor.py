@@ -1,7 +1,8 @@
 """Inference backends behind one loader: `load_predictor(path, backend)` -> (model, meta),
 where `model(x)` maps a normalised float batch (B, C, H, W) to coordinates (B, K, 2) and
 `meta` is the checkpoint dict (torch) or the exported JSON (onnx), with the same keys the
-prediction code reads (model_config, schema, crop, epoch).
+prediction code reads (model_config, schema, crop, epoch, presence: for a checkpoint, that of
+the presence stage's file beside it when made for it, `checkpoint.with_presence_file`).
 
 * torch: the checkpoint's model in eval mode with every BatchNorm folded into the conv
   before it (one op less per layer) and in channels_last memory format (`prepare_torch`).
@@ -27,7 +28,7 @@ from torch.nn.utils.fusion import fuse_conv_bn_eval
 from pipeline.core.device import amp_dtype
 from pipeline.core.digest import file_sha256
 from pipeline.core.errors import PipelineError
-from pipeline.formats.checkpoint import load_model
+from pipeline.formats.checkpoint import load_model, with_presence_file
 from pipeline.formats.onnx_export import export_meta, json_path, onnx_bytes, read_export
 from pipeline.inference.onnx_runtime import OnnxModel, load_onnx, onnx_available
 
@@ -106,7 +107,7 @@ def load_predictor(path: str | os.PathLike, backend: str | None = "torch", devic
     backend = resolve_backend(path, backend)
     if backend == "torch":
         model, ckpt = load_model(path, device, schema=schema)
-        return prepare_torch(model), ckpt
+        return prepare_torch(model), with_presence_file(path, ckpt)
 
     if not onnx_available():
         raise PipelineError(path, "--backend onnx needs onnxruntime: pip install 'pipeline[onnx]'")
@@ -124,10 +125,10 @@ def load_predictor(path: str | os.PathLike, backend: str | None = "torch", devic
         else:
             if meta.get("checkpoint_sha256") == file_sha256(path, "checkpoint not found", "checkpoint"):
                 log.info("onnx backend: %s (exported from %s)", twin, path.name)
-                return OnnxModel(twin, meta["model_config"], threads), meta
+                return OnnxModel(twin, meta["model_config"], threads), with_presence_file(path, meta)
             log.info("%s was exported from another checkpoint: exporting %s again in memory", twin, path.name)
     model, ckpt = load_model(path, "cpu", schema=schema)
     model_config = ckpt["model_config"]
     data = onnx_bytes(model, int(model_config["input_size"]), int(model_config["in_chans"]))
-    meta = export_meta(ckpt, data, path, hasattr(model, "forward_maps"))
+    meta = export_meta(with_presence_file(path, ckpt), data, path, hasattr(model, "forward_maps"))
     return OnnxModel(data, model_config, threads), meta

@@ -1,25 +1,26 @@
 """The face-presence score: is what the model was handed a face? Read from the keypoint
 model's own heatmaps, so it needs no training and works with every heatmap checkpoint.
 
-For every keypoint, the share of its soft-argmax probability that lies within `radius` (a
+For every keypoint, how much more of its soft-argmax probability lies within `radius` (a
 fraction of the map's side, in x and in y) of the final keypoint (the mean of the plain and
-mirrored views with flip TTA), averaged over the keypoints and the views. On a face each
-map is one sharp peak and both views agree: the share is close to 1. On a wall, a shifted
-box or a part of a face the maps spread out or put their peaks in different places in the
-two views, and the share falls. One number covers both signs (peak mass and flip
-agreement), lies in [0, 1] whatever the map's resolution, and costs one masked sum over
+mirrored views with flip) than a flat map would put there, averaged over the keypoints and
+the views. On a face each map is one sharp peak and both views agree: close to 1. On a wall,
+a shifted box or a part of a face the maps spread out or put their peaks in different places
+in the two views, and the score falls towards 0. One number covers both signs (peak mass
+and flip agreement), means the same at every map resolution, and costs one masked sum over
 maps the model computes anyway. A model without heatmaps (the regression baselines) has no
 score: NaN, which every gate reads as a face.
 
-The threshold comes with each model (`formats/checkpoint.checkpoint_presence`: chosen on
-held-out faces against non-face crops of the same photos by `pipeline calibrate-presence`,
-or DEFAULT_PRESENCE_THRESHOLD there when the model was never calibrated). This module also
-holds that calibration's maths (ROC AUC, the threshold) and its non-face boxes."""
+The thresholds come with each model (`formats/checkpoint.checkpoint_presence`: chosen on
+held-out faces against non-face crops of the same photos by the presence stage,
+pipeline/stages/presence.py; none when the model was never calibrated: no gate), with the
+views the score was calibrated on, which it then always reads (`Scorer`). This module also
+holds that calibration's maths (ROC AUC, the thresholds) and its non-face boxes."""
 
 from __future__ import annotations
 
-import functools
-from typing import Callable, Sequence
+from dataclasses import dataclass
+from typing import Sequence
 
 import numpy as np
 import torch
@@ -33,10 +34,10 @@ from pipeline.keypoints.flip import flip_coords
 MIN_RADIUS_PX = 1.5
 
 
-def heatmap_mass(probs: torch.Tensor, points: torch.Tensor, input_size: int, radius: float) -> torch.Tensor:
-    """(B, K): the probability of each map (B, K, h, w) within radius * max(h, w) map pixels
-    (MIN_RADIUS_PX at least) of `points` (B, K, 2) in x and in y (a square about the point:
-    separable, so one pass over the maps), the points given in input pixels (the soft-argmax
+def _reach(probs: torch.Tensor, points: torch.Tensor, input_size: int,
+           radius: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, K, w) and (B, K, h) masks of the map columns and rows within radius * max(h, w) map
+    pixels (MIN_RADIUS_PX at least) of `points` (B, K, 2) in input pixels (the soft-argmax
     head's map -> input scaling undone: x_map = (x_in + 0.5) * w / input_size - 0.5)."""
     h, w = probs.shape[-2:]
     p = points.float()
@@ -45,22 +46,68 @@ def heatmap_mass(probs: torch.Tensor, points: torch.Tensor, input_size: int, rad
     r = max(radius * max(h, w), MIN_RADIUS_PX)
     near_x = ((torch.arange(w, dtype=torch.float32, device=probs.device) - xm[..., None]).abs() <= r).float()
     near_y = ((torch.arange(h, dtype=torch.float32, device=probs.device) - ym[..., None]).abs() <= r).float()
+    return near_x, near_y
+
+
+def heatmap_mass(probs: torch.Tensor, points: torch.Tensor, input_size: int, radius: float) -> torch.Tensor:
+    """(B, K): the probability of each map (B, K, h, w) within reach of `points` (`_reach`: a
+    square about the point, separable, so one pass over the maps)."""
+    return _mass(probs, *_reach(probs, points, input_size, radius))
+
+
+def _mass(probs: torch.Tensor, near_x: torch.Tensor, near_y: torch.Tensor) -> torch.Tensor:
     rows = torch.einsum("bkhw,bkw->bkh", probs.float(), near_x)  # each row's mass within reach in x
     return (rows * near_y).sum(-1)
+
+
+def heatmap_share(probs: torch.Tensor, points: torch.Tensor, input_size: int, radius: float) -> torch.Tensor:
+    """(B, K) in [0, 1]: the mass within reach beyond what a flat map puts there, as a share
+    of what it could be: (mass - u) / (1 - u), u = the share of the map's pixels within
+    reach. The raw mass would depend on the map's size (a flat 2 x 2 map lies all within
+    reach and scores 1, a flat 64 x 64 one 0.01); this is 0 for a flat map and 1 for all the
+    mass within reach at every size. A map within reach everywhere (u = 1) cannot tell a
+    peak from a flat map: 0. Below flat (the mass elsewhere): 0."""
+    near_x, near_y = _reach(probs, points, input_size, radius)
+    mass = _mass(probs, near_x, near_y)
+    flat = near_x.sum(-1) * near_y.sum(-1) / (probs.shape[-1] * probs.shape[-2])
+    room = 1 - flat
+    share = (mass - flat) / room.clamp(min=1e-12)
+    return torch.where(room > 1e-6, share.clamp(0, 1), torch.zeros_like(share))
 
 
 def presence_score(probs: torch.Tensor, coords: torch.Tensor, input_size: int, *,
                    flip_probs: torch.Tensor | None = None, flip_raw: torch.Tensor | None = None,
                    flip_perm: Sequence[int] | None = None, radius: float = PRESENCE_RADIUS) -> torch.Tensor:
     """(B,) face-presence scores of a batch: probs (B, K, h, w) and coords (B, K, 2) (input px)
-    of the plain view; with flip TTA also the mirrored view's maps and coordinates as the model
-    gave them (in the mirrored frame) and the schema's flip permutation."""
+    of the plain view; with the mirrored view also its maps and coordinates as the model gave
+    them (in the mirrored frame) and the schema's flip permutation."""
     if flip_probs is None or flip_raw is None or flip_perm is None:
-        return heatmap_mass(probs, coords, input_size, radius).mean(-1)
+        return heatmap_share(probs, coords, input_size, radius).mean(-1)
     mean = (coords.float() + flip_coords(flip_raw.float(), input_size, flip_perm)) / 2  # the TTA point
-    both = (heatmap_mass(probs, mean, input_size, radius)
-            + heatmap_mass(flip_probs, flip_coords(mean, input_size, flip_perm), input_size, radius)) / 2
+    both = (heatmap_share(probs, mean, input_size, radius)
+            + heatmap_share(flip_probs, flip_coords(mean, input_size, flip_perm), input_size, radius)) / 2
     return both.mean(-1)
+
+
+@dataclass(frozen=True)
+class Scorer:
+    """`presence_score` at `radius` on the views a threshold was calibrated on: with
+    `flip_perm` (the schema's flip permutation) the plain and the mirrored view, else the
+    plain one. What pipeline/inference/tta.py `predict_crops(presence=)` takes: it runs the
+    mirrored view for the score even when the keypoints do without it."""
+
+    radius: float = PRESENCE_RADIUS
+    flip_perm: tuple[int, ...] | None = None
+
+    def __call__(self, probs: torch.Tensor, coords: torch.Tensor, input_size: int,
+                 flip_probs: torch.Tensor | None = None, flip_raw: torch.Tensor | None = None) -> torch.Tensor:
+        return presence_score(probs, coords, input_size, flip_probs=flip_probs, flip_raw=flip_raw,
+                              flip_perm=self.flip_perm, radius=self.radius)
+
+
+def scorer(radius: float = PRESENCE_RADIUS, flip_perm: Sequence[int] | None = None) -> Scorer:
+    """The `Scorer` at this radius, on the plain view or (with `flip_perm`) on both."""
+    return Scorer(float(radius), None if flip_perm is None else tuple(int(i) for i in flip_perm))
 
 
 def is_face(scores: np.ndarray, threshold: float | None) -> np.ndarray:
@@ -125,6 +172,12 @@ def choose_threshold(pos: np.ndarray, neg: np.ndarray) -> dict:
             "auc": roc_auc(pos, neg)}
 
 
+def keep_threshold(neg: np.ndarray, threshold: float, drop: float) -> float:
+    """The lower threshold that keeps a track: the score under which the share `drop` of the
+    non-faces lie (their `drop` quantile), never above the start `threshold`."""
+    return float(min(threshold, np.quantile(np.asarray(neg, dtype=np.float64), drop)))
+
+
 # the non-face boxes made around each held-out face: its box moved by this share of its side
 # in each direction (a face half out of the box: what a drifting track sees), a part of it
 # (an eye, the mouth: the detector firing on a detail), the face small in a wide box, and
@@ -159,9 +212,3 @@ def non_face_boxes(box: Sequence[float], faces: np.ndarray, width: int, height: 
             out.append(("background", cand))
             got += 1
     return out
-
-
-def scorer(radius: float = PRESENCE_RADIUS) -> Callable[..., torch.Tensor]:
-    """`presence_score` at this radius: what pipeline/inference/tta.py `predict_crops(presence=)`
-    takes."""
-    return functools.partial(presence_score, radius=radius)

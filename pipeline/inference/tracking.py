@@ -4,8 +4,9 @@ at most every `retry_every` frames, so its cost stays bounded whatever the model
 between, a face's next box is the box of its keypoints on this frame (`points_to_box`, in the
 training boxes' convention). A track closes when its face leaves the picture, goes undetected
 on more than `max_missed` detection frames in a row, is lost and not found again, duplicates
-an older track, or (given a `threshold`) still scores below the face-presence threshold after
-the detector's next run.
+an older track, or (given a `threshold`) still scores below the face-presence keep threshold
+(`keep_threshold`, default the threshold, which a detection needs to start a track) after the
+detector's next run.
 
 The detector and the predictor are injected (`detect(image) -> boxes (M, 4)`, `predict(image,
 boxes) -> points (M, K, 2)` or `(points, scores (M,))`), so tests drive the tracker with
@@ -113,19 +114,22 @@ class FaceTracker:
     """`tracker.step(index, t, image)` -> the tracks shown after this frame (each with
     `points`, `smoothed`, `box`, `score`); `tracker.closed` lists closed tracks in closing
     order; `tracker.rejected` counts the detections that scored below `threshold` (None: no
-    gate) and started no track."""
+    gate) and started no track; a track is kept while it scores at least `keep_threshold`
+    (default: `threshold`)."""
 
     def __init__(self, detect: Callable[[np.ndarray], np.ndarray],
                  predict: Callable[[np.ndarray, np.ndarray], Any], *, box_from_points: dict,
                  detect_every: int = 10, match_iou: float = 0.3, min_visible: float = 0.5, max_missed: int = 1,
                  max_faces: int = 0, retry_every: int = 5, smoother: Callable[[], Any] | None = None,
-                 threshold: float | None = None):
+                 threshold: float | None = None, keep_threshold: float | None = None):
         self.detect, self.predict = detect, predict
         self.c, self.detect_every, self.match_iou = box_from_points, max(1, int(detect_every)), match_iou
         self.min_visible, self.max_missed, self.max_faces = min_visible, max_missed, max_faces
         self.retry_every = max(1, int(retry_every))
         self.smoother = smoother
         self.threshold = threshold
+        self.keep_threshold = threshold if threshold is None or keep_threshold is None else \
+            min(keep_threshold, threshold)
         self.rejected = 0  # detections that scored below the threshold
         self.active: list[Track] = []
         self.closed: list[Track] = []
@@ -248,7 +252,8 @@ class FaceTracker:
         keep = []
         for tr, p, score in zip(self.active, points, scores):
             tr.score = float(score)
-            if self.threshold is None or not score < self.threshold:  # NaN: no score, a face
+            gate = self.threshold if tr.id < 0 else self.keep_threshold  # start a track, keep one
+            if gate is None or not score < gate:  # NaN: no score, a face
                 tr.points, tr.hidden, tr.checked = p, False, False
             elif tr.id < 0:  # a detection that is no face starts no track
                 self.rejected += 1

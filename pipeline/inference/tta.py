@@ -6,7 +6,7 @@ check and bench."""
 
 from __future__ import annotations
 
-from typing import Callable, Iterable, Sequence
+from typing import Iterable, Protocol, Sequence
 
 import numpy as np
 import torch
@@ -22,12 +22,24 @@ from pipeline.keypoints.preprocess import faces_to_chw, normalize_batch, resize_
 from pipeline.keypoints.views import View, jitter_views, unwarp_coords, warp_view
 
 
+class PresenceScore(Protocol):
+    """A face-presence score (pipeline/inference/presence.py `Scorer`; passed in, so that
+    training's validation, which predicts through here, does not depend on it): it reads the
+    plain view's maps and, when `flip_perm` is set, the mirrored view's too."""
+
+    @property
+    def flip_perm(self) -> Sequence[int] | None: ...
+
+    def __call__(self, probs: torch.Tensor, coords: torch.Tensor, input_size: int,
+                 flip_probs: torch.Tensor | None = None, flip_raw: torch.Tensor | None = None) -> torch.Tensor: ...
+
+
 @torch.inference_mode()
 def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
                   flip_perm: Sequence[int] | None, batch_size: int = 64,
                   device: torch.device = torch.device("cpu"), amp: torch.dtype | None = None,
                   channels_last: bool = False, progress: bool = False,
-                  jitter: Sequence[View] = (), presence: Callable[..., torch.Tensor] | None = None
+                  jitter: Sequence[View] = (), presence: PresenceScore | None = None
                   ) -> dict[str, np.ndarray]:
     """Keypoints in crop pixels for uint8 faces (N, S, S, 3). `model` is a torch model or
     any callable of the same contract (pipeline/inference/onnx_runtime.py's OnnxModel).
@@ -43,10 +55,9 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
     views); they go through the model in the same call.
 
     `presence`: also {"presence": (N,)}, each face's face-presence score from the maps of the
-    unjittered plain and mirrored views, `presence(probs, coords, input_size, flip_probs=,
-    flip_raw=, flip_perm=)` (pipeline/inference/presence.py `scorer`; passed in, so that
-    training's validation, which predicts through here, does not depend on it); NaN for a
-    model without heatmaps."""
+    unjittered views it reads (`PresenceScore`: the plain one, and the mirrored one when it
+    has a flip_perm, run for it alone when flip_perm here is None); NaN for a model without
+    heatmaps."""
 
     model.eval()
     cache_size = faces.shape[1]
@@ -56,6 +67,8 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
     if jitter:
         outs["jitter"] = []
     maps = presence is not None and hasattr(model, "forward_maps")
+    score_perm = presence.flip_perm if presence is not None and maps else None
+    mirror = flip_perm is not None or score_perm is not None  # the mirrored view goes through the model
     scores: list[np.ndarray] = []
     starts: Iterable[int] = range(0, len(faces), batch_size)
     if progress:
@@ -68,7 +81,7 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
             fill = normalize_batch(torch.zeros((1, x.shape[1], 1, 1), dtype=torch.uint8, device=x.device))
             x = torch.cat([x, *(warp_view(x, v, fill) for v in jitter)])  # (V * B, C, H, W)
         with autocast(device, amp):
-            batch = x if flip_perm is None else torch.cat([x, flip_images(x)])
+            batch = torch.cat([x, flip_images(x)]) if mirror else x
             probs = None
             if maps:
                 out, probs = model.forward_maps(batch)
@@ -76,7 +89,7 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
             else:
                 out = model(batch).float()
             if flip_perm is None:
-                pred = out[None]  # (1, V * B, K, 2) input px
+                pred = out[None, :len(x)]  # (1, V * B, K, 2) input px
             else:
                 both = out  # (2 V B, K, 2) input px
                 pred = torch.stack([both[:len(x)], flip_coords(both[len(x):], input_size, flip_perm)])
@@ -84,12 +97,12 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
         if presence is not None:
             if probs is None:
                 scores.append(np.full(b, np.nan))
-            elif flip_perm is None:
+            elif score_perm is None:
                 scores.append(presence(probs[:b], out[:b], input_size).cpu().numpy())
             else:
                 n = len(x)
                 scores.append(presence(probs[:b], out[:b], input_size, flip_probs=probs[n:n + b],
-                                       flip_raw=out[n:n + b], flip_perm=flip_perm).cpu().numpy())
+                                       flip_raw=out[n:n + b]).cpu().numpy())
         outs["plain"].append(pred[0, :b].cpu().numpy())
         if jitter:
             views = [pred[:, :b]] + [unwarp_coords(pred[:, (i + 1) * b:(i + 2) * b], v, input_size, input_size)
@@ -109,7 +122,7 @@ def predict_crops(model, faces: np.ndarray, *, input_size: int, in_chans: int,
 def predict_original(model, ckpt: dict, faces: np.ndarray, crop_to_orig: np.ndarray, tta: str,
                      batch_size: int, device: torch.device, progress: bool = False,
                      amp: str = "auto", amp_key: str = "predict.amp", jitter: float = 0.0,
-                     presence: Callable[..., torch.Tensor] | None = None) -> dict[str, np.ndarray]:
+                     presence: PresenceScore | None = None) -> dict[str, np.ndarray]:
     """predict_crops for a checkpoint's model, mapped to original-image pixels, under the
     autocast of setting `amp` (the param `amp_key`: predict.amp, or train.amp in validation);
     `jitter` (predict.tta_jitter) adds the scale/shift views of pipeline/keypoints/views.py to

@@ -19,7 +19,7 @@ import torch
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import atomic_path, check_output, write_json
 from pipeline.formats.cache import load_cache
-from pipeline.formats.checkpoint import checkpoint_crop, load_model
+from pipeline.formats.checkpoint import checkpoint_crop, load_model, with_presence_file
 from pipeline.formats.onnx_export import INPUT, export_meta, json_path, onnx_bytes
 from pipeline.inference.onnx_runtime import OnnxModel, onnx_available
 from pipeline.inference.tta import predict_crops
@@ -40,6 +40,7 @@ def export_checkpoint(checkpoint: str | os.PathLike, out: str | os.PathLike, ver
     if out.suffix != ".onnx":
         raise PipelineError(out, "the export file name must end in .onnx")
     model, ckpt = load_model(checkpoint, "cpu")
+    ckpt = with_presence_file(checkpoint, ckpt)  # the presence stage's calibration travels in the JSON
     model_config = ckpt["model_config"]
     data = onnx_bytes(model, int(model_config["input_size"]), int(model_config["in_chans"]))
     quant = None

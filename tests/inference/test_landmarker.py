@@ -14,7 +14,7 @@ import torch
 from pipeline.core.errors import PipelineError
 from pipeline.detection.detectors import get_detector
 from pipeline.detection.haar import cascade_available
-from pipeline.formats.checkpoint import DEFAULT_PRESENCE_THRESHOLD, PRESENCE_RADIUS, presence_stamp
+from pipeline.formats.checkpoint import PRESENCE_RADIUS, presence_stamp
 from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.presence import scorer
 from pipeline.inference.tta import predict_original
@@ -58,11 +58,32 @@ def test_each_model_crops_as_trained_and_the_ensemble_is_their_mean_less_the_bia
 
 
 class FlatMaps(Fixed):
-    """`Fixed` with flat 16 x 16 heatmaps: its presence score is the share of the map within
-    its scorer's radius of each point."""
+    """`Fixed` with flat 16 x 16 heatmaps: it says nothing about where a point is, so its
+    presence score is 0."""
 
     def forward_maps(self, x):
         return self(x), torch.full((x.shape[0], 68, 16, 16), 1 / 256)
+
+
+class BlobMaps(Fixed):
+    """`Fixed` whose 16 x 16 maps are one broad blob about the map's centre: the wider its
+    scorer's radius, the more of the blob lies within reach of a point near the centre."""
+
+    def forward_maps(self, x):
+        grid = torch.arange(16, dtype=torch.float32) - 7.5
+        blob = torch.exp(-(grid[:, None] ** 2 + grid[None] ** 2) / (2 * 3.0 ** 2))
+        return self(x), (blob / blob.sum()).expand(x.shape[0], 68, 16, 16)
+
+
+class PeakMaps(Fixed):
+    """`Fixed` whose 16 x 16 maps put all their mass on its points: the plain view scores 1,
+    and the mirrored view (the same points for a mirrored face) disagrees with it."""
+
+    def forward_maps(self, x):
+        cells = ((self.coords + 0.5) / 2 - 0.5).round().long().clamp(0, 15)  # input 32 px -> map 16 px
+        maps = torch.zeros(x.shape[0], 68, 16, 16)
+        maps[:, torch.arange(68), cells[:, 1], cells[:, 0]] = 1.0
+        return self(x), maps
 
 
 def _crops(size, expand):
@@ -71,8 +92,8 @@ def _crops(size, expand):
 
 
 def test_scored_predictions_are_the_plain_ones_with_each_models_own_presence_score():
-    models = [(FlatMaps(COORDS[0]), {**_meta(32, 1.25), "presence": presence_stamp(0.5, 0.05)}),
-              (FlatMaps(COORDS[1]), {**_meta(32, 1.25), "presence": presence_stamp(0.5, 0.2)}),
+    models = [(BlobMaps(COORDS[0]), {**_meta(32, 1.25), "presence": presence_stamp(0.5, 0.05)}),
+              (BlobMaps(COORDS[1]), {**_meta(32, 1.25), "presence": presence_stamp(0.5, 0.2)}),
               (Fixed(COORDS[0]), _meta(40, 1.6))]
     landmarker = Landmarker(models, tta="flip", device="cpu")
     calls = []
@@ -82,7 +103,7 @@ def test_scored_predictions_are_the_plain_ones_with_each_models_own_presence_sco
     np.testing.assert_allclose(points, landmarker.per_model(_crops), atol=1e-9)
     for (model, meta), got in zip(models[:2], scores):
         want = predict_original(model, meta, *_crops(32, 1.25), "flip", 8, torch.device("cpu"),
-                                presence=scorer(meta["presence"]["radius"]))["presence"]
+                                presence=scorer(meta["presence"]["radius"], IBUG68.flip_perm))["presence"]
         np.testing.assert_allclose(got, want, atol=1e-9)
     assert (scores[1] > scores[0]).all() and np.isnan(scores[2]).all()  # the wider radius; no heatmaps
     # the ensemble's score: the mean of the models' that have heatmaps
@@ -155,15 +176,54 @@ def test_models_of_other_schemas_and_tta_none_with_jitter_are_refused():
 
 def test_the_presence_calibration_is_read_once_when_the_models_load():
     """Each model's presence calibration and the ensemble's threshold (the mean of theirs)
-    are read from the metas at load: a bad stamp fails there, naming the model's file."""
+    are read from the metas at load: a bad stamp fails there, naming the model's file. A
+    model without heatmaps has no score, so its (missing) threshold counts in neither the
+    ensemble's score nor its threshold."""
     calibrated = {**_meta(32, 1.25), "presence": presence_stamp(0.4, 0.08)}
-    landmarker = Landmarker([(Fixed(COORDS[0]), calibrated), (Fixed(COORDS[1]), _meta(32, 1.25))])
+    landmarker = Landmarker([(FlatMaps(COORDS[0]), calibrated), (Fixed(COORDS[1]), _meta(32, 1.25))])
     assert [p["calibrated"] for p in landmarker.presence] == [True, False]
     assert [p["radius"] for p in landmarker.presence] == [0.08, PRESENCE_RADIUS]
-    assert landmarker.presence_threshold == pytest.approx((0.4 + DEFAULT_PRESENCE_THRESHOLD) / 2)
+    assert landmarker.presence_threshold == pytest.approx(0.4)
+    two = Landmarker([(FlatMaps(COORDS[0]), calibrated),
+                      (FlatMaps(COORDS[1]), {**_meta(32, 1.25), "presence": presence_stamp(0.6, keep=0.3)})])
+    assert two.presence_threshold == pytest.approx(0.5) and two.presence_keep == pytest.approx((0.4 + 0.3) / 2)
     bad = {**_meta(32, 1.25), "presence": {"threshold": 2.0, "radius": 0.05}}
     with pytest.raises(PipelineError, match=r"^m\.pt: bad presence calibration"):
         Landmarker([(Fixed(COORDS[0]), bad)], paths=["m.pt"])
+
+
+def test_an_uncalibrated_model_gates_nothing_and_says_so_once(caplog):
+    """No threshold, no gate: every detection is a face, and one warning line says why,
+    however often the gate is asked for. One uncalibrated model of an ensemble that scores
+    leaves the whole ensemble without a gate."""
+    landmarker = Landmarker([(FlatMaps(COORDS[0]), _meta(32, 1.25))], tta="none", paths=["m.pt"])
+    caplog.set_level("WARNING")
+    for _ in range(2):
+        faces = landmarker.faces(IMAGE, BOXES)
+        assert len(faces) == 2 and faces.is_face.all() and faces.non_faces == 0
+    assert landmarker.presence_threshold is None and landmarker.presence_keep is None
+    lines = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert len(lines) == 1 and "m.pt" in lines[0] and "no face gate" in lines[0], lines
+    mixed = Landmarker([(FlatMaps(COORDS[0]), {**_meta(32, 1.25), "presence": presence_stamp(0.4)}),
+                        (FlatMaps(COORDS[1]), _meta(32, 1.25))], paths=["a.pt", "b.pt"])
+    assert mixed.presence_threshold is None and len(mixed.faces(IMAGE, BOXES)) == 2
+
+
+def test_the_score_reads_the_views_its_threshold_was_calibrated_on():
+    """A threshold holds for the score it was chosen on: flip-calibrated, the score reads the
+    plain and the mirrored view under tta none too (the mirrored view runs for it alone);
+    none-calibrated, only the plain view, under flip too. The keypoints follow the tta."""
+    scores, points = {}, {}
+    for calibrated in ("flip", "none"):
+        meta = {**_meta(32, 1.25), "presence": presence_stamp(0.5, tta=calibrated)}
+        for tta in ("flip", "none"):
+            points[calibrated, tta], scores[calibrated, tta] = Landmarker(
+                [(PeakMaps(COORDS[0]), meta)], tta=tta).predict_scored(IMAGE, BOXES)
+    for calibrated in ("flip", "none"):
+        np.testing.assert_allclose(scores[calibrated, "none"], scores[calibrated, "flip"], atol=1e-6)
+        assert np.abs(points[calibrated, "none"] - points[calibrated, "flip"]).max() > 1  # plain vs flip TTA
+    np.testing.assert_allclose(scores["none", "none"], 1.0, atol=1e-6)  # the plain view's peaks are its points
+    assert (scores["flip", "flip"] < 0.9).all()  # the mirrored view disagrees
 
 
 def test_from_checkpoints_takes_its_options_by_name_only():

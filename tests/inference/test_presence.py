@@ -7,12 +7,7 @@ import torch
 
 from pipeline.core.errors import PipelineError
 from pipeline.detection.boxes import iou
-from pipeline.formats.checkpoint import (
-    DEFAULT_PRESENCE_THRESHOLD,
-    PRESENCE_RADIUS,
-    checkpoint_presence,
-    presence_stamp,
-)
+from pipeline.formats.checkpoint import PRESENCE_RADIUS, checkpoint_presence, presence_stamp
 from pipeline.inference.presence import (
     choose_threshold,
     heatmap_mass,
@@ -51,14 +46,32 @@ def test_the_score_is_one_for_sharp_maps_on_agreeing_views_and_falls_when_they_s
     both = dict(flip_probs=flip_maps, flip_raw=flip_raw, flip_perm=PERM)
     assert presence_score(plain, coords, SIZE, **both).item() == pytest.approx(1.0)
     assert presence_score(plain, coords, SIZE).item() == pytest.approx(1.0)  # no flip TTA: the plain view
-    # flat maps: the share of the map's cells within reach (radius 1.5 px here: the 3 x 3 around it)
+    # flat maps: no more mass within reach than a uniform map puts there
     flat = torch.full((1, 3, MAP, MAP), 1.0 / MAP ** 2)
-    assert presence_score(flat, coords, SIZE).item() == pytest.approx(9 / MAP ** 2)
+    assert presence_score(flat, coords, SIZE).item() == pytest.approx(0.0)
     # sharp maps, but the mirrored view puts every point 6 map px to the right: the mean point
     # lies 3 px from either peak, out of reach of both
     moved = [(c + 6 if c + 6 < MAP else c - 6, r) for c, r in mirrored]
     score = presence_score(plain, coords, SIZE, flip_probs=one_hot(moved), flip_raw=at_cells(moved), flip_perm=PERM)
     assert score.item() == pytest.approx(0.0)
+
+
+@pytest.mark.parametrize("side", [2, 4, 8, 16, 64])
+def test_a_flat_map_scores_zero_and_a_sharp_one_one_whatever_the_map_size(side):
+    """What the score means does not depend on the map's resolution: a flat map (the model
+    says nothing about where the point is) scores 0 on a 2 x 2 map as on a 64 x 64 one, and a
+    map with all its mass on the point 1 wherever some of the map lies out of reach."""
+    input_size = 4 * side
+    cells = [(0, 0), (side // 2, side // 3), (side - 1, side - 1)]  # a corner, inside, the far corner
+    points = torch.tensor([[[4.0 * c + 1.5, 4.0 * r + 1.5] for c, r in cells]])  # the cells' centres, input px
+    flat = torch.full((1, 3, side, side), 1.0 / side ** 2)
+    sharp = torch.zeros(1, 3, side, side)
+    for k, (c, r) in enumerate(cells):
+        sharp[0, k, r, c] = 1.0
+    assert presence_score(flat, points, input_size).item() == pytest.approx(0.0, abs=1e-6)
+    # a 2 x 2 map lies within reach of every point (the 1.5 px floor): it cannot tell a peak
+    # from a flat map, so it says nothing either
+    assert presence_score(sharp, points, input_size).item() == pytest.approx(0.0 if side == 2 else 1.0, abs=1e-6)
 
 
 def test_the_radius_is_a_share_of_the_map_side():
@@ -115,12 +128,24 @@ def test_non_face_boxes_move_cut_and_widen_the_face_and_find_background_away_fro
         assert 0 <= b[0] and b[0] + b[2] <= 480 and 0 <= b[1] and b[1] + b[3] <= 360
 
 
-def test_a_checkpoint_without_a_calibration_gets_the_default_and_a_bad_one_is_one_line():
-    assert checkpoint_presence({}) == {"threshold": DEFAULT_PRESENCE_THRESHOLD, "radius": PRESENCE_RADIUS,
-                                       "calibrated": False}
+def test_a_checkpoint_without_a_calibration_has_no_threshold_and_a_bad_one_is_one_line():
+    none = checkpoint_presence({})
+    assert none["threshold"] is None and none["keep"] is None and not none["calibrated"]
+    assert none["radius"] == PRESENCE_RADIUS and "never calibrated" in none["why"]
     got = checkpoint_presence({"presence": presence_stamp(0.8, auc=0.99, faces=10)})
-    assert got == {"threshold": 0.8, "radius": PRESENCE_RADIUS, "auc": 0.99, "faces": 10, "calibrated": True}
-    for bad in ({"threshold": 1.5, "radius": 0.05}, {"threshold": 0.5}, "high"):
+    assert {k: got[k] for k in ("threshold", "keep", "radius", "tta", "auc", "faces", "calibrated")} == \
+        {"threshold": 0.8, "keep": 0.8, "radius": PRESENCE_RADIUS, "tta": "flip", "auc": 0.99, "faces": 10,
+         "calibrated": True}
+    assert checkpoint_presence({"presence": presence_stamp(0.8, keep=0.6, tta="none")})["keep"] == 0.6
+    # a calibration that found no threshold (faces and non-faces did not separate): no gate, and why
+    refused = checkpoint_presence({"presence": presence_stamp(None, auc=0.6, why="faces and non-faces do not "
+                                                                                "separate")})
+    assert refused["threshold"] is None and not refused["calibrated"] and "separate" in refused["why"]
+    # a threshold on an older definition of the score means nothing on this one
+    old = checkpoint_presence({"presence": {"threshold": 0.8, "radius": 0.05, "tta": "flip"}})
+    assert old["threshold"] is None and not old["calibrated"] and "older" in old["why"]
+    for bad in ({"threshold": 1.5, "radius": 0.05}, {"threshold": 0.5}, "high",
+                presence_stamp(0.5, keep=0.7), presence_stamp(0.5, tta="mirror")):
         with pytest.raises(PipelineError) as e:
             checkpoint_presence({"presence": bad}, "m.pt")
         assert str(e.value).startswith("m.pt: bad presence calibration")

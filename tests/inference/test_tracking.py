@@ -309,6 +309,37 @@ def test_a_face_that_scores_low_is_hidden_and_the_detector_has_a_fresh_look(tpl)
     assert scene.detect_calls == [0, 6, 9] and tracker.rejected == 1  # frame 9's detection of a
 
 
+class DimScene(ScoredScene):
+    """A ScoredScene whose face scores `dim` instead of 0.1 on the frames listed in `low`:
+    a face the model still recognises, less surely (a turn, motion blur)."""
+
+    def __init__(self, tpl, paths, low, dim):
+        super().__init__(tpl, paths, low=low)
+        self.dim = dim
+
+    def predict(self, image, boxes):
+        points, scores = super().predict(image, boxes)
+        return points, np.where(scores < 0.5, self.dim, scores)
+
+
+def test_a_track_is_kept_down_to_the_keep_threshold_but_started_only_at_the_start_threshold(tpl):
+    path = {"a": lambda i: (30 + i, 40, 1.0)}
+    # the tracked face scores 0.6 on frames 5-8: under the start threshold, over the keep one
+    dim = {(i, "a") for i in range(5, 9)}
+    tracker, frames = DimScene(tpl, path, dim, 0.6).run(12, detect_every=100, retry_every=3, threshold=0.8,
+                                                        keep_threshold=0.5)
+    assert [list(f) for f in frames] == [[0]] * 12 and [t.id for t in tracker.closed] == [0]
+    # one threshold for both (no keep_threshold): the same face is hidden on those frames
+    tracker, frames = DimScene(tpl, path, dim, 0.6).run(12, detect_every=100, retry_every=3, threshold=0.8)
+    assert [list(f) for f in frames][5] == []
+    # a face first seen at 0.6 starts no track: the detector's candidates on frames 0 and 3
+    # are rejected, the one on frame 6 (scoring 0.95) starts the track
+    scene = DimScene(tpl, path, {(i, "a") for i in range(6)}, 0.6)
+    tracker, frames = scene.run(12, detect_every=100, retry_every=3, threshold=0.8, keep_threshold=0.5)
+    assert scene.detect_calls == [0, 3, 6] and tracker.rejected == 2
+    assert [list(f) for f in frames] == [[]] * 6 + [[0]] * 6
+
+
 REAL_VIDEO = Path(__file__).resolve().parents[3] / "shared" / "data" / "real-video"
 
 

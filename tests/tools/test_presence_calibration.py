@@ -1,13 +1,15 @@
-"""`pipeline calibrate-presence` and the face-presence score where a box is trusted:
-predict-image leaves a false detection out, every backend gives one answer."""
+"""`pipeline calibrate-presence`, the `presence` stage (pipeline/stages/presence.py) whose
+calibration it runs, and the face-presence score where a box is trusted: predict-image leaves
+a false detection out, every backend gives one answer."""
 
 import json
+import shutil
 
 import numpy as np
 import pytest
 
 from pipeline.detection.haar import cascade_available
-from pipeline.formats.checkpoint import checkpoint_identity, load_checkpoint
+from pipeline.formats.checkpoint import checkpoint_identity, load_checkpoint, save_checkpoint
 from pipeline.formats.photo_keypoints import read_photo_json, read_photo_keypoints_csv
 from pipeline.inference.landmarker import Landmarker
 from pipeline.inference.onnx_runtime import onnx_available
@@ -38,6 +40,29 @@ def test_the_score_separates_held_out_faces_from_non_face_crops(face_model, caps
     # --out names one checkpoint
     code, _, err = run_cli(["calibrate-presence", face_model["raw"], face_model["raw"], "--out", "x.pt"], capsys)
     assert code == 2 and "--out writes one checkpoint" in err
+
+
+def test_a_model_whose_faces_and_non_faces_do_not_separate_gets_no_threshold(viz_ws, tmp_path, capsys):
+    """The 1-epoch model's maps are flat on faces and non-faces alike: calibrate-presence
+    refuses to stamp a threshold (one line, exit 2, nothing written); the presence stage
+    records the measurement without one, so the model gates nothing and `dvc repro` goes on."""
+    fold = tmp_path / "models" / "fold0"
+    fold.mkdir(parents=True)
+    ckpt = fold / "best.pt"
+    shutil.copy(viz_ws["ckpt"], ckpt)
+    where = ["--cache", viz_ws["cache"], "--folds", viz_ws["cache"].parent / "folds.csv",
+             "--set", f"data.dir={viz_ws['data']}"]
+    for out in (["--out", tmp_path / "stamped.pt"], []):
+        code, _, err = run_cli(["calibrate-presence", ckpt, *out, *where], capsys)
+        assert code == 2, err
+        line = err.strip().splitlines()[-1]
+        assert line.startswith(f"error: {ckpt}: faces and non-faces do not separate (ROC AUC "), line
+        assert not (tmp_path / "stamped.pt").exists() and not (fold / "presence.json").exists()
+    assert run(["presence", "--fold", 0, "--models", tmp_path / "models", *where]) == 0
+    stamp = json.loads((fold / "presence.json").read_text())["presence"]
+    assert stamp["threshold"] is None and stamp["keep"] is None and stamp["auc"] < 0.9
+    landmarker = Landmarker.from_checkpoints([ckpt], device="cpu")
+    assert landmarker.presence_threshold is None and "do not separate" in landmarker.presence[0]["why"]
 
 
 def _photo_with_a_wall():
@@ -95,3 +120,54 @@ def test_the_exported_model_carries_the_threshold_and_gives_the_same_scores(face
     b = Landmarker.from_checkpoints([onnx], device="cpu").faces(image, boxes, keep_all=True)
     np.testing.assert_allclose(b.scores, a.scores, atol=1e-4)
     assert b.is_face.tolist() == a.is_face.tolist() == [False, True]
+
+
+def _set_args(sets):
+    return [a for s in sets for a in ("--set", s)]
+
+
+def test_the_stage_writes_a_file_beside_the_checkpoint_that_every_backend_and_export_read(face_model, tmp_path):
+    models = tmp_path / "models"
+    (models / "fold0").mkdir(parents=True)
+    ckpt = models / "fold0" / "best.pt"
+    shutil.copy(face_model["raw"], ckpt)
+    weights = ckpt.read_bytes()
+    # a keep threshold that drops half the non-faces: below the start one, whatever the model
+    sets = _set_args([*face_model["sets"], "presence.keep_drop=0.5"])
+    stage = ["presence", "--fold", 0, "--models", models, "--cache", face_model["cache"], "--folds",
+             face_model["folds"], *sets]
+    assert run(stage) == 0
+    sidecar = models / "fold0" / "presence.json"
+    written = json.loads(sidecar.read_text())
+    stamp = written["presence"]
+    assert ckpt.read_bytes() == weights  # the checkpoint, a train output, is left as it was
+    assert written["checkpoint"] == "best.pt"
+    assert written["identity"] == checkpoint_identity(load_checkpoint(ckpt))
+    # the very calibration `calibrate-presence` made of the same model (same params but
+    # keep_drop, same seed)
+    assert {k: v for k, v in stamp.items() if not k.startswith("keep")} == \
+        {k: v for k, v in face_model["calibration"]["stamp"].items() if not k.startswith("keep")}
+    assert stamp["fold"] == 0 and stamp["auc"] >= 0.9 and 0 < stamp["keep"] < stamp["threshold"]
+    # every backend reads it, the tracker starts at the threshold and keeps down to `keep`
+    landmarker = Landmarker.from_checkpoints([ckpt], device="cpu")
+    assert landmarker.presence_threshold == stamp["threshold"] and landmarker.presence_keep == stamp["keep"]
+    tracker = landmarker.tracker(detect=lambda image: np.zeros((0, 4)))
+    assert (tracker.threshold, tracker.keep_threshold) == (stamp["threshold"], stamp["keep"])
+    if onnx_available():
+        assert Landmarker.from_checkpoints([ckpt], backend="onnx").presence_threshold == stamp["threshold"]
+        onnx = tmp_path / "m.onnx"
+        assert run(["export", ckpt, "--out", onnx, "--no-verify"]) == 0
+        assert json.loads(onnx.with_suffix(".json").read_text())["presence"] == stamp
+        assert Landmarker.from_checkpoints([onnx]).presence_keep == stamp["keep"]
+    # calibrate-presence without --out writes the same file, and no checkpoint either
+    sidecar.unlink()
+    assert run(["calibrate-presence", ckpt, "--cache", face_model["cache"], "--folds", face_model["folds"],
+                *sets]) == 0
+    assert json.loads(sidecar.read_text()) == written and ckpt.read_bytes() == weights
+    # retrained weights (another identity): the file is not theirs, so no gate
+    retrained = load_checkpoint(ckpt)
+    name = next(k for k, v in retrained["model"].items() if v.is_floating_point())
+    retrained["model"][name] = retrained["model"][name] + 0.01
+    save_checkpoint(ckpt, retrained)
+    landmarker = Landmarker.from_checkpoints([ckpt], device="cpu")
+    assert landmarker.presence_threshold is None and not landmarker.presence[0]["calibrated"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import torch
@@ -17,7 +17,7 @@ from pipeline.formats.checkpoint import PRESENCE_RADIUS, checkpoint_crop
 from pipeline.formats.onnx_export import onnx_bytes
 from pipeline.inference.onnx_runtime import OnnxModel, onnx_available
 from pipeline.inference.predictor import prepare_torch
-from pipeline.inference.presence import scorer
+from pipeline.inference.presence import Scorer, scorer
 from pipeline.inference.tta import predict_crops
 from pipeline.keypoints.schema import get_schema
 from pipeline.tools.bench.references import dlib_or_skip
@@ -65,10 +65,10 @@ def bench_batch1(model, meta: dict, crop_size: int, min_time: float = 1.0, faces
                 if name == "onnx-int8":
                     data = quantize_int8(data, network_inputs(faces, size, chans))
                 runner = OnnxModel(data, model_config, threads=1)
-            views: list[tuple[str, list[int] | None, Callable[..., torch.Tensor] | None]] = [
+            views: list[tuple[str, list[int] | None, Scorer | None]] = [
                 ("plain", None, None), ("flip", perm, None)]
             if hasattr(runner, "forward_maps"):  # flip TTA with the face-presence score
-                views.append(("scored", perm, scorer(PRESENCE_RADIUS)))
+                views.append(("scored", perm, scorer(PRESENCE_RADIUS, perm)))
             for tta, p, score in views:
                 methods[f"{name}/{tta}"] = (lambda i, r=runner, p=p, score=score: predict_crops(
                     r, faces[i:i + 1], input_size=size, in_chans=chans, flip_perm=p, batch_size=1, device=cpu,
