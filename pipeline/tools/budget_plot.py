@@ -103,7 +103,8 @@ def nice_ticks(lo: float, hi: float, n: int = 5) -> np.ndarray:
     raw = (hi - lo) / max(n, 1)
     mag = 10 ** math.floor(math.log10(raw))
     step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    return np.arange(math.floor(lo / step) * step, hi + step / 2, step)
+    first, last = math.floor(lo / step), math.ceil(hi / step)
+    return np.arange(first, last + 1) * step
 
 
 def draw_chart(lines: dict[str, list[tuple[float, float]]], references: dict[str, float], title: str,
@@ -113,7 +114,7 @@ def draw_chart(lines: dict[str, list[tuple[float, float]]], references: dict[str
     w, h = size
     legend_h = 20 * (len(lines) + len(references)) + 10
     img = np.full((h + legend_h, w, 3), 255, np.uint8)
-    left, right, top, bottom = 70, 20, 40, h - 50
+    left, right, top, bottom = 70, 20, 56, h - 50
     xs = [x for pts in lines.values() for x, _ in pts]
     ys = [y for pts in lines.values() for _, y in pts] + list(references.values())
     if not xs:
@@ -136,7 +137,7 @@ def draw_chart(lines: dict[str, list[tuple[float, float]]], references: dict[str
     cv2.rectangle(img, px(x0, y1), px(x1, y0), ink, 1)
     cv2.putText(img, title, (left, 18), FONT, 0.55, ink, 1, cv2.LINE_AA)
     cv2.putText(img, xlabel, (w // 2 - 80, bottom + 40), FONT, 0.5, ink, 1, cv2.LINE_AA)
-    cv2.putText(img, ylabel, (8, top - 4), FONT, 0.5, ink, 1, cv2.LINE_AA)
+    cv2.putText(img, ylabel, (8, top - 14), FONT, 0.5, ink, 1, cv2.LINE_AA)
     legend_y = h + 5
     for name, value in references.items():
         (xa, ya), (xb, _) = px(x0, value), px(x1, value)

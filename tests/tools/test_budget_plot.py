@@ -64,9 +64,10 @@ def test_reference_label_may_hold_an_equals_sign():
     assert parse_reference("dlib, k=68=5.41%") == ("dlib, k=68", 5.41)
 
 
-def test_ticks_cover_the_range():
-    ticks = nice_ticks(2.9, 3.6)
-    assert ticks[0] <= 2.9 and ticks[-1] >= 3.6 and 3 <= len(ticks) <= 9
+@pytest.mark.parametrize("lo, hi", [(2.9, 3.6), (0.0, 34.7), (0.0, 30.0), (3.1, 5.6)])
+def test_ticks_cover_the_range(lo, hi):
+    ticks = nice_ticks(lo, hi)
+    assert ticks[0] <= lo and ticks[-1] >= hi and 3 <= len(ticks) <= 9
 
 
 def test_chart_without_points_is_an_error():
