@@ -5,9 +5,13 @@ the box convention the models were trained with (dlib HOG boxes).
 Only detectors whose model ships inside a registry package, so nothing downloads at run
 time. `auto` takes the first available of:
 
+* dlib: dlib's HOG + linear SVM frontal detector (inside `dlib-bin`, a dependency): the
+  detector the training boxes came from, so its boxes need no conversion and it finds the
+  faces the models were trained to see (docs/experiments.md, "Detector boxes on HOG
+  training boxes").
 * mtcnn: MTCNN (Zhang et al. 2016; P-, R-, O-Net weights inside the `facenet-pytorch`
-  wheel, run with our torch). Best on the shared test photos: every labelled face found.
-* dlib: dlib's HOG + linear SVM frontal detector (inside `dlib-bin`; the `dlib` extra).
+  wheel, run with our torch). Every labelled face of the shared test photos found, but its
+  box conversion is fit to older training boxes (TO_BOX).
 * haar: OpenCV's Haar cascade (inside opencv-python 4.x), the fallback that is always there.
 
 All detectors see the photo at most HAAR_MAX_SIDE px on its longer side (boxes mapped
@@ -37,7 +41,7 @@ from pipeline.detection.haar import (
 
 log = logging.getLogger(__name__)
 
-DETECTORS = ("mtcnn", "dlib", "haar")  # the preference order of `auto`
+DETECTORS = ("dlib", "mtcnn", "haar")  # the preference order of `auto`
 
 # MTCNN: a face is kept when the O-Net's face probability is at least this. On the shared
 # test photos every unmatched detection >= 0.95 was a real (unlabelled) face; the non-face
@@ -69,7 +73,7 @@ TO_BOX = {
 DESCRIPTION = {"mtcnn": "MTCNN (facenet-pytorch)", "dlib": "dlib HOG frontal detector",
                "haar": "opencv haarcascade_frontalface_default.xml"}
 INSTALL = {"mtcnn": "pip install --no-deps facenet-pytorch (see README: its pins are stale)",
-           "dlib": "pip install 'pipeline[dlib]'",
+           "dlib": "pip install dlib-bin",
            "haar": "install opencv-python-headless<5"}
 
 

@@ -19,6 +19,7 @@ import numpy as np
 
 from pipeline.core.errors import PipelineError
 from pipeline.core.io import UMASK, input_file, write_error
+from pipeline.keypoints.clock import FrameClock
 
 log = logging.getLogger(__name__)
 
@@ -81,20 +82,15 @@ def frames_of(cap: cv2.VideoCapture) -> Iterator[np.ndarray]:
 
 def timed_frames_of(cap: cv2.VideoCapture, fps: float) -> Iterator[tuple[float, np.ndarray]]:
     """(time in seconds from the first frame, RGB uint8 frame) until the stream ends. The time
-    is the frame's own time stamp (variable frame rate clips exist, so i / fps can be wrong);
-    a frame without a usable one (none, or not after the previous frame's) comes 1 / fps
-    after the previous frame."""
-    origin, prev = 0.0, -math.inf
+    is the frame's own time stamp (variable frame rate clips exist, so i / fps can be wrong),
+    repaired by pipeline/keypoints/clock.py's rule: a frame without a usable one (none, or not
+    after the previous frame's) comes 1 / fps after the previous frame."""
+    clock, origin = FrameClock(1 / fps), 0.0
     for i, frame in enumerate(frames_of(cap)):
         ms = float(cap.get(cv2.CAP_PROP_POS_MSEC))
         if i == 0:
             origin = ms if math.isfinite(ms) and ms >= 0 else 0.0
-            t = 0.0
-        else:
-            t = (ms - origin) / 1000 if math.isfinite(ms) else math.nan
-            if not t > prev:
-                t = prev + 1 / fps
-        prev = t
+        t = clock(0.0 if i == 0 else (ms - origin) / 1000 if math.isfinite(ms) else None)
         yield t, frame
 
 

@@ -477,7 +477,7 @@ class Landmarker:
     def tracker(self, video: VideoParams | None = None, *, smoothing: str = "one_euro", detect=None,
                 presence: bool | None = None) -> Tracker:
         """A per-frame face tracker for live sources (pipeline/inference/live.py):
-        `faces = tracker.update(frame, t)`. video: the tracking params (default: params.yaml's
-        defaults); smoothing: one_euro (causal, the default) | none; presence: gate by the
+        `faces = tracker.update(frame, t)`. video: the tracking params (default: the working
+        directory's params.yaml `video` section, as predict-video reads it); smoothing: one_euro (causal, the default) | none; presence: gate by the
         models' threshold (default video.presence)."""
         return Tracker(self, video, smoothing=smoothing, detect=detect, presence=presence)

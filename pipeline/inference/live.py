@@ -6,16 +6,17 @@ is a loop over it. Usage: docs/video.md, "Live sources"."""
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
 
+from pipeline.core.config import load_config
 from pipeline.core.errors import PipelineError
 from pipeline.core.params_schema import VideoParams
 from pipeline.detection.detectors import get_detector
 from pipeline.inference.tracking import FaceTracker, box_constants
+from pipeline.keypoints.clock import FrameClock
 from pipeline.keypoints.smoothing import OneEuroFilter
 
 SMOOTHING = ("one_euro", "none")
@@ -41,18 +42,21 @@ class Tracker:
     landmarker: a `pipeline.inference.landmarker.Landmarker` (`landmarker.tracker()` makes
     this), or any predictor with `predict(image, boxes) -> points (M, K, 2)` (unscored: no
     gate) or `predict_scored(image, boxes) -> (points, scores)` and `presence_threshold` (and
-    `presence_keep`, the lower score that keeps a track); video: the tracking params (default: the defaults of params.yaml's `video`);
+    `presence_keep`, the lower score that keeps a track); video: the tracking params (default: the `video` section of the working directory's params.yaml,
+    as predict-video reads it);
     smoothing: one_euro | none; detect: `detect(image) -> boxes (M, 4)` (default: the
-    video.detector, else the landmarker's); presence: gate tracks by the models' threshold
+    video.detector; without `video`, the landmarker's unless it is auto); presence: gate tracks by the models' threshold
     (default: video.presence)."""
 
     def __init__(self, landmarker: Any, video: VideoParams | None = None, *, smoothing: str = "one_euro",
                  detect: Callable[[np.ndarray], np.ndarray] | None = None, presence: bool | None = None):
         if smoothing not in SMOOTHING:
             raise PipelineError(None, f"smoothing must be one of {', '.join(SMOOTHING)}, got '{smoothing}'")
-        v = video or VideoParams()
+        # predict-video's params: the working directory's params.yaml (the defaults without one)
+        v = video or load_config().video
         if detect is None:
-            found = get_detector(v.detector if video is not None else landmarker.detector)
+            chosen = getattr(landmarker, "detector", "auto")  # a Landmarker's own choice wins over params' auto
+            found = get_detector(v.detector if video is not None or chosen == "auto" else chosen)
 
             def detect(image: np.ndarray) -> np.ndarray:
                 return found(image, 0)[0]
@@ -70,18 +74,16 @@ class Tracker:
                                     max_missed=v.max_missed, max_faces=v.max_faces, retry_every=v.retry_every,
                                     smoother=smoother, threshold=self.threshold, keep_threshold=self.keep_threshold)
         self.frames = 0
-        self._start: float | None = None
+        self._clock = FrameClock()
 
     def update(self, frame: np.ndarray, t: float | None = None) -> list[TrackedFace]:
-        """The faces of the next frame (RGB uint8 (H, W, 3)) at time t in seconds (increasing;
-        None: the seconds since the first update, by the monotonic clock)."""
+        """The faces of the next frame (RGB uint8 (H, W, 3)) at time t in seconds (None: by the
+        monotonic clock). Times that repeat or jump back are repaired, a non-finite one is an
+        error: pipeline/keypoints/clock.py."""
         image = np.asarray(frame)
         if image.ndim != 3 or image.shape[2] != 3 or image.dtype != np.uint8 or not image.size:
             raise PipelineError(None, f"a frame must be RGB uint8 (H, W, 3), got {image.dtype} {image.shape}")
-        if t is None:
-            now = time.monotonic()
-            self._start = now if self._start is None else self._start
-            t = now - self._start
+        t = self._clock(t)
         tracks = self._tracker.step(self.frames, float(t), image)
         self.frames += 1
         return [TrackedFace(tr.id, tr.box.copy(), np.array(tr.smoothed, dtype=np.float64),

@@ -2,9 +2,11 @@
 every `detect_every` frames, and sooner while a track is lost or nothing is tracked, but then
 at most every `retry_every` frames, so its cost stays bounded whatever the model does; in
 between, a face's next box is the box of its keypoints on this frame (`points_to_box`, in the
-training boxes' convention). A track closes when its face leaves the picture, goes undetected
-on more than `max_missed` detection frames in a row, is lost and not found again, duplicates
-an older track, or (given a `threshold`) still scores below the face-presence keep threshold
+training boxes' convention). A track whose keypoints leave its face (a fast head turn) sends
+the detector to that same frame to find it nearby, once per loss. A track closes when its face
+leaves the picture, goes undetected on more than `max_missed` detection frames in a row, is
+lost and not found again (a face found near it soon after takes its id back), duplicates an
+older track, or (given a `threshold`) still scores below the face-presence keep threshold
 (`keep_threshold`, default the threshold, which a detection needs to start a track) after the
 detector's next run.
 
@@ -46,6 +48,13 @@ REANCHOR_MIN_SIDE = 0.4
 # real faces side by side overlap far less (heads do not interpenetrate by half).
 SAME_FACE_OVERLAP = 0.5
 MIN_BOX_PX = 8.0  # a tracked box smaller than this is lost (the face is gone or the points collapsed)
+# A fast head turn moves the face further in one frame than IoU can follow (an IoU under 0.3
+# between equal boxes is a shift of over half a side): a lost track takes the nearest detection
+# of a comparable size (REANCHOR_MIN_SIDE) whose centre lies within this many sides of its box's
+# centre, and a track closed as lost is continued, under its id, by a new face found that near
+# within REVIVE_RUNS detector runs' worth of frames (REVIVE_RUNS * retry_every).
+REFIND_REACH = 1.5
+REVIVE_RUNS = 2
 
 
 def points_to_box(points: np.ndarray, c: dict) -> np.ndarray:
@@ -90,6 +99,22 @@ def visible_fraction(box: np.ndarray, width: int, height: int) -> float:
     iw = max(0.0, min(left + w, width) - max(left, 0.0))
     ih = max(0.0, min(top + h, height) - max(top, 0.0))
     return iw * ih / max(w * h, 1e-9)
+
+
+def near_pairs(track_boxes: list[np.ndarray], boxes: np.ndarray, used: set[int]) -> list[tuple[int, int]]:
+    """Greedy one-to-one pairs (track, detection), nearest first, of a track's box and a
+    detection (not in `used`) of a comparable size (either side at least REANCHOR_MIN_SIDE of
+    the other's) whose centre lies within REFIND_REACH sides (the track box's larger) of it."""
+    free = [d for d in range(len(boxes)) if d not in used]
+    if not track_boxes or not free:
+        return []
+    t, d = np.stack(track_boxes)[:, None], boxes[free][None]  # (T, 1, 4), (1, D, 4)
+    side = np.maximum(t[..., 2], t[..., 3])
+    dist = np.linalg.norm(d[..., :2] + d[..., 2:] / 2 - t[..., :2] - t[..., 2:] / 2, axis=-1) / side  # (T, D)
+    ratio = np.sqrt(d[..., 2] * d[..., 3] / (t[..., 2] * t[..., 3]))
+    comparable = (ratio >= REANCHOR_MIN_SIDE) & (ratio <= 1 / REANCHOR_MIN_SIDE)
+    nearness = np.where(comparable, -dist, -np.inf)  # greedy_pairs takes the highest first
+    return [(ti, free[di]) for ti, di, _ in greedy_pairs(nearness, -REFIND_REACH)]
 
 
 @dataclass
@@ -172,6 +197,11 @@ class FaceTracker:
             self._found(self.active[ti], boxes[di], iou(self.active[ti].box[None], boxes[di][None])[0, 0])
             matched.add(ti)
             used.add(di)
+        free = [i for i, t in enumerate(self.active) if i not in matched and (t.lost or t.hidden)]
+        for ti, di in near_pairs([self.active[i].box for i in free], boxes, used):
+            self._found(self.active[free[ti]], boxes[di], 0.0)
+            matched.add(free[ti])
+            used.add(di)
         keep = []
         for i, t in enumerate(self.active):
             if i not in matched:
@@ -249,6 +279,10 @@ class FaceTracker:
         if not self.active:
             return []
         points, scores = self._predict(image, np.stack([tr.box for tr in self.active]))
+        if self._search(index, image, points, scores):
+            if not self.active:
+                return []
+            points, scores = self._predict(image, np.stack([tr.box for tr in self.active]))
         keep = []
         for tr, p, score in zip(self.active, points, scores):
             tr.score = float(score)
@@ -274,8 +308,7 @@ class FaceTracker:
             if tr.id < 0:  # a candidate that passed: a track now, while max_faces allows
                 if self.max_faces and sum(t.id >= 0 for t in self.active) >= self.max_faces:
                     continue
-                tr.id = self.next_id
-                self.next_id += 1
+                self._assign_id(tr, index)
             side = float(max(tr.box[2], tr.box[3]))
             shown_points = tr.points  # this frame's: a shown track passed the gate above
             assert shown_points is not None
@@ -284,6 +317,45 @@ class FaceTracker:
             shown.append(tr)
         self.active = [tr for tr in self.active if tr.id >= 0]  # candidates max_faces left out go
         return shown
+
+    def _search(self, index: int, image: np.ndarray, points: np.ndarray, scores: np.ndarray) -> bool:
+        """The same-frame search: a track followed on the last frame whose face this frame's
+        prediction lost (its keypoints' box is tiny or overlaps the track's box below
+        match_iou, or the face scored below the keep threshold: a fast head turn outruns a box
+        taken from the last keypoints) is lost now, and the detector looks at this very frame
+        (unless it already has), where the face's detection continues it, near its box
+        (REFIND_REACH) if no longer on it. Once per failure: a lost track waits for the
+        detector's regular runs, so a model that keeps failing costs no more runs. True if the
+        detector ran."""
+        if self.last_detect == index:
+            return False
+        failing = [tr for tr, p, score in zip(self.active, points, scores)
+                   if tr.id >= 0 and not (tr.lost or tr.hidden) and self._lost_face(tr.box, p, score)]
+        for tr in failing:
+            tr.lost = True
+        if failing:
+            self._match_detections(index, image)
+        return bool(failing)
+
+    def _lost_face(self, box: np.ndarray, points: np.ndarray, score: float) -> bool:
+        """Keypoints predicted from `box` that are no longer on its face."""
+        cand = points_to_box(points, self.c)[0]
+        return (min(cand[2], cand[3]) < MIN_BOX_PX or iou(cand[None], box[None])[0, 0] < self.match_iou
+                or (self.keep_threshold is not None and score < self.keep_threshold))
+
+    def _assign_id(self, track: Track, index: int) -> None:
+        """A candidate that passed becomes a track: under the id of a track closed as lost in the
+        last REVIVE_RUNS * retry_every frames near it (the same face, found again), else a new id."""
+        since = index - REVIVE_RUNS * self.retry_every
+        recent = [t for t in self.closed if t.end.startswith("lost") and t.last_frame >= since]
+        pairs = near_pairs([t.box for t in recent], track.box[None], set())
+        if pairs:
+            old = recent[pairs[0][0]]
+            self.closed.remove(old)
+            track.id, track.first_frame = old.id, old.first_frame
+            return
+        track.id = self.next_id
+        self.next_id += 1
 
     def _predict(self, image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(points (M, K, 2), scores (M,)) of the boxes; NaN scores from a predictor without them."""

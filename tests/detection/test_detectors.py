@@ -30,7 +30,7 @@ def test_auto_takes_the_first_installed(monkeypatch):
 def test_missing_detector_is_a_clean_error(monkeypatch):
     monkeypatch.setattr(facedet, "available", lambda name: False)
     monkeypatch.setattr(facedet, "_LOADED", {})
-    with pytest.raises(PipelineError, match="pipeline\\[dlib\\]"):
+    with pytest.raises(PipelineError, match="pip install dlib-bin"):
         facedet.get_detector("dlib")
 
 

@@ -143,7 +143,9 @@ def test_tracker_closes_a_track_the_detector_keeps_missing(tpl):
 
 def test_a_lost_track_is_found_again_under_its_id(tpl):
     # a predictor whose keypoints on frame 3 collapse (the keypoints left the face): the
-    # tracker detects on frame 4 and continues the same track from the detector's box
+    # tracker detects on frame 3 itself (the same-frame search) and continues the same track
+    # from the detector's box; frame 3's keypoints collapse again there, so the track starts
+    # frame 4 lost, and the detector owes it the run retry_every frames later (6)
     scene = Scene(tpl, {"a": lambda i: (30 + i, 40, 1.0)})
     predict = scene.predict
 
@@ -153,7 +155,7 @@ def test_a_lost_track_is_found_again_under_its_id(tpl):
 
     scene.predict = bad_on_3
     tracker, frames = scene.run(8, detect_every=100, retry_every=3)
-    assert scene.detect_calls == [0, 4]
+    assert scene.detect_calls == [0, 3, 6]
     assert [list(f) for f in frames] == [[0]] * 8
     assert tracker.closed[0].end == "end of video"
 
@@ -292,21 +294,59 @@ def test_a_false_detection_that_scores_low_never_starts_a_track(tpl):
 
 
 def test_a_face_that_scores_low_is_hidden_and_the_detector_has_a_fresh_look(tpl):
-    # a low score on frame 5 only: hidden on 5, the detector runs on the first frame
-    # retry_every allows (6), the face scores well again: the same id goes on
+    # a low score on frame 5 only: the detector looks at frame 5 itself (the same-frame
+    # search: has the face moved?), finds it where it was, the face still scores low there, so
+    # it is hidden on 5; it scores well again on 6 and the same id goes on; the detector owes
+    # the hidden track a fresh look, retry_every frames after its last run (8)
     scene = ScoredScene(tpl, {"a": lambda i: (30 + i, 40, 1.0)}, low={(5, "a")})
     tracker, frames = scene.run(12, detect_every=100, retry_every=3, threshold=0.5)
-    assert scene.detect_calls == [0, 6]
+    assert scene.detect_calls == [0, 5, 8]
     assert [list(f) for f in frames] == [[0]] * 5 + [[]] + [[0]] * 6
     assert [t.id for t in tracker.closed] == [0] and tracker.closed[0].end == "end of video"
-    # low from frame 5 on: still low after the detector's fresh look on frame 6, so closed
+    # low from frame 5 on: still low after the detector's fresh look on frame 8, so closed
     # there; then nothing is tracked, and the detector's candidates are no faces
     scene = ScoredScene(tpl, {"a": lambda i: (30 + i, 40, 1.0)}, low={(i, "a") for i in range(5, 12)})
     tracker, frames = scene.run(12, detect_every=100, retry_every=3, threshold=0.5)
     assert [list(f) for f in frames] == [[0]] * 5 + [[]] * 7
     (t,) = tracker.closed
     assert t.end.startswith("not a face") and t.last_frame == 4
-    assert scene.detect_calls == [0, 6, 9] and tracker.rejected == 1  # frame 9's detection of a
+    assert scene.detect_calls == [0, 5, 8, 11] and tracker.rejected == 1  # frame 11's detection of a
+
+
+def fast_turn(i):
+    """A face that drifts, then jumps 1.2 of its width per frame on frames 5-7 (a fast head
+    turn at 25 fps: the box from the last keypoints no longer holds the face), then drifts."""
+    return (20 + i + 36 * min(max(i - 4, 0), 3), 60, 1.0)
+
+
+@pytest.mark.parametrize("gate", [None, 0.5], ids=["keypoints", "presence"])
+def test_a_fast_head_turn_keeps_one_id_on_every_frame(tpl, gate):
+    # keypoints: the predictor finds the face from any box, so the keypoints' box jumps away
+    # from the track's (lost by IoU); presence: from a box off the face it gives a template in
+    # the box and a low score. Either way the tracker searches the same frame, finds the face
+    # within REFIND_REACH of the track and continues it: one id, the true keypoints, every frame
+    scene = (Scene if gate is None else ScoredScene)(tpl, {"a": fast_turn})
+    tracker, frames = scene.run(12, detect_every=100, retry_every=5, threshold=gate)
+    assert [list(f) for f in frames] == [[0]] * 12 and [t.id for t in tracker.closed] == [0]
+    for i, f in enumerate(frames):
+        np.testing.assert_allclose(f[0], scene.truth(i)["a"], err_msg=f"frame {i}")
+    assert scene.detect_calls == [0, 5, 6, 7]  # one search per jump, none in between
+
+
+def test_a_face_lost_in_a_fast_turn_and_found_again_nearby_keeps_its_id(tpl):
+    # the detector misses the face on the frame it jumps (5): the track closes as lost; the
+    # detector's next run (retry_every later) finds it near where it was lost: the same id
+    paths = {"a": lambda i: (20 + i + (40 if i >= 5 else 0), 60, 1.0)}
+    scene = ScoredScene(tpl, paths, hide={(5, "a")})
+    tracker, frames = scene.run(12, detect_every=100, retry_every=3, threshold=0.5)
+    assert scene.detect_calls == [0, 5, 8]
+    assert [list(f) for f in frames] == [[0]] * 5 + [[]] * 3 + [[0]] * 4
+    (t,) = tracker.closed
+    assert (t.id, t.first_frame, t.end, tracker.next_id) == (0, 0, "end of video", 1)
+    # a face found far from where the track was lost is another face: a new id
+    far = {"a": lambda i: (20 + i + (120 if i >= 5 else 0), 60, 1.0)}
+    tracker, frames = ScoredScene(tpl, far, hide={(5, "a")}).run(12, detect_every=100, retry_every=3, threshold=0.5)
+    assert [list(f) for f in frames][8:] == [[1]] * 4 and [t.id for t in tracker.closed] == [0, 1]
 
 
 class DimScene(ScoredScene):

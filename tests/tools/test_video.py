@@ -285,6 +285,28 @@ def test_a_clip_with_a_false_detection_is_one_track(face_model, videos):
 
 
 @needs_haar
+def test_a_fast_head_turn_is_one_track_with_one_face_on_every_frame(face_model, videos, tmp_path):
+    # the test video's face jumps 70 px (0.7 of its box) between frames 5 and 6, as in a fast
+    # head turn or dropped frames: the box from frame 5's keypoints misses it on frame 6, and
+    # the tracker must find it on that same frame (Haar, the default install's detector)
+    src, truth_csv = videos["still"]
+    cap, fps, _ = open_video(src)
+    frames = [frame for _, frame in timed_frames_of(cap, fps)]
+    cap.release()
+    shift = np.float32([[1, 0, 70], [0, 1, 0]])
+    frames = frames[:6] + [cv2.warpAffine(f, shift, f.shape[1::-1], borderMode=cv2.BORDER_REPLICATE)
+                           for f in frames[6:]]
+    fast = write_mp4(tmp_path / "fast.mp4", frames, fps)
+    truth = read_video_csv(truth_csv)
+    truth["points"][6:, :, 0] += 70
+    landmarker = Landmarker.from_checkpoints([face_model["ckpt"]], device="cpu")
+    res = track_video(fast, landmarker, load_config(None, ["video.detector=haar"]).video, progress=False)
+    assert res["frame"].tolist() == list(range(12)) and set(res["face"].tolist()) == {0}
+    assert [t["end"] for t in res["tracks"]] == ["end of video"]
+    assert score_video(_as_pred(res, res["raw"]), truth)["nme"] < 0.25
+
+
+@needs_haar
 def test_tracker_update_over_the_frames_gives_the_csv_of_predict_video(face_model, videos, tmp_path):
     src, _ = videos["moving"]
     sets = ["video.detector=haar", "video.filter=one_euro"]  # the live filter, the tracker's own
