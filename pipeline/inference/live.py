@@ -7,7 +7,7 @@ is a loop over it. Usage: docs/video.md, "Live sources"."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, cast
 
 import numpy as np
 
@@ -15,7 +15,7 @@ from pipeline.core.config import load_config
 from pipeline.core.errors import PipelineError
 from pipeline.core.params_schema import VideoParams
 from pipeline.detection.detectors import get_detector
-from pipeline.inference.tracking import FaceTracker, box_constants
+from pipeline.inference.tracking import FaceTracker, box_constants, unscored
 from pipeline.keypoints.clock import FrameClock
 from pipeline.keypoints.smoothing import OneEuroFilter
 
@@ -68,7 +68,7 @@ class Tracker:
         # a face starts a track at `threshold` and keeps it down to `keep_threshold` (None: no gate)
         self.threshold: float | None = landmarker.presence_threshold if gate else None
         self.keep_threshold: float | None = getattr(landmarker, "presence_keep", None) if gate else None
-        predict = landmarker.predict_scored if scored else landmarker.predict
+        predict = landmarker.predict_scored if scored else unscored(landmarker.predict)
         self._tracker = FaceTracker(detect, predict, box_from_points=box_constants(v),
                                     detect_every=v.detect_every, match_iou=v.match_iou, min_visible=v.min_visible,
                                     max_missed=v.max_missed, max_faces=v.max_faces, retry_every=v.retry_every,
@@ -86,7 +86,8 @@ class Tracker:
         t = self._clock(t)
         tracks = self._tracker.step(self.frames, float(t), image)
         self.frames += 1
-        return [TrackedFace(tr.id, tr.box.copy(), np.array(tr.smoothed, dtype=np.float64),
+        # shown and closed tracks have ids (only a candidate has none)
+        return [TrackedFace(cast(int, tr.id), tr.box.copy(), np.array(tr.smoothed, dtype=np.float64),
                             np.array(tr.points, dtype=np.float64), float(tr.score)) for tr in tracks]
 
     def close(self) -> list[dict]:
@@ -98,13 +99,13 @@ class Tracker:
     def tracks(self) -> list[dict]:
         """The closed tracks, by id: {id, first_frame, last_frame, end}."""
         return [{"id": t.id, "first_frame": t.first_frame, "last_frame": t.last_frame, "end": t.end}
-                for t in sorted(self._tracker.closed, key=lambda t: t.id)]
+                for t in sorted(self._tracker.closed, key=lambda t: cast(int, t.id))]
 
     @property
     def open_ids(self) -> set[int]:
         """The ids of the open tracks, shown on the last frame or hidden (their face scored below
         the threshold, and the detector has yet to look again)."""
-        return {t.id for t in self._tracker.active if t.id >= 0}
+        return {t.id for t in self._tracker.active if t.id is not None}
 
     @property
     def detections(self) -> int:

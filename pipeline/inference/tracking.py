@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
+from enum import Enum
 from typing import Any, Callable
 
 import numpy as np
@@ -117,22 +118,50 @@ def near_pairs(track_boxes: list[np.ndarray], boxes: np.ndarray, used: set[int])
     return [(ti, free[di]) for ti, di, _ in greedy_pairs(nearness, -REFIND_REACH)]
 
 
+class TrackState(Enum):
+    """Where a track stands. FaceTracker moves a track only by `_move`, along MOVES."""
+
+    CANDIDATE = "candidate"  # a detection not yet scored on this frame: no id, not shown
+    TRACKED = "tracked"  # shown; its next box is the box of its keypoints
+    LOST = "lost"  # its keypoints left the face: shown from its last good box until the detector finds it
+    HIDDEN = "hidden"  # its face scored below the keep threshold: not shown, its box kept, until the detector looks again
+
+
+CANDIDATE, TRACKED, LOST, HIDDEN = TrackState
+# The moves a track makes (besides staying): a candidate whose face scored becomes a track; a
+# track's keypoints leave the face, and come back to it or the detector re-anchors it; its face
+# scores below the keep threshold, then above it again. A candidate that scores low is dropped,
+# and a track of any state can close.
+MOVES = {(CANDIDATE, TRACKED), (TRACKED, LOST), (LOST, TRACKED), (TRACKED, HIDDEN), (LOST, HIDDEN),
+         (HIDDEN, TRACKED)}
+
+
 @dataclass
 class Track:
-    id: int
     first_frame: int
     box: np.ndarray  # this frame's input box (training convention)
+    id: int | None = None  # None while a candidate; never reused
+    state: TrackState = CANDIDATE
     points: np.ndarray | None = None  # raw keypoints of the last frame (K, 2)
     smoothed: np.ndarray | None = None
     last_frame: int = -1
     missed: int = 0  # detection frames in a row without a matching detection
     filter: OneEuroFilter | None = None
     end: str = ""  # why the track was closed
-    detected: bool = False  # this frame's box came from the detector
-    lost: bool = False  # its keypoints left the face: the detector must find it again
     score: float = float("nan")  # the face-presence score of its last prediction
-    hidden: bool = False  # that score was below the threshold: not shown, box kept
-    checked: bool = False  # the detector has run since it was hidden
+    hidden_at: int = 0  # the detector's runs when it was hidden: a later run has looked again
+
+
+Predict = Callable[[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]
+
+
+def unscored(predict: Callable[[np.ndarray, np.ndarray], np.ndarray]) -> Predict:
+    """A predictor of keypoints only as a FaceTracker predictor: NaN scores (no score, a face)."""
+
+    def scored(image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        return predict(image, boxes), np.full(len(boxes), np.nan)
+
+    return scored
 
 
 class FaceTracker:
@@ -140,15 +169,15 @@ class FaceTracker:
     `points`, `smoothed`, `box`, `score`); `tracker.closed` lists closed tracks in closing
     order; `tracker.rejected` counts the detections that scored below `threshold` (None: no
     gate) and started no track; a track is kept while it scores at least `keep_threshold`
-    (default: `threshold`)."""
+    (default: `threshold`). `detect(image) -> boxes (M, 4)`; `predict(image, boxes) ->
+    (points (M, K, 2), scores (M,))`, NaN scores for a model without them (`unscored`)."""
 
-    def __init__(self, detect: Callable[[np.ndarray], np.ndarray],
-                 predict: Callable[[np.ndarray, np.ndarray], Any], *, box_from_points: dict,
+    def __init__(self, detect: Callable[[np.ndarray], np.ndarray], predict: Predict, *, box_from_points: dict,
                  detect_every: int = 10, match_iou: float = 0.3, min_visible: float = 0.5, max_missed: int = 1,
                  max_faces: int = 0, retry_every: int = 5, smoother: Callable[[], Any] | None = None,
                  threshold: float | None = None, keep_threshold: float | None = None):
-        self.detect, self.predict = detect, predict
-        self.c, self.detect_every, self.match_iou = box_from_points, max(1, int(detect_every)), match_iou
+        self.detect, self.predict, self.box_from_points = detect, predict, box_from_points
+        self.detect_every, self.match_iou = max(1, int(detect_every)), match_iou
         self.min_visible, self.max_missed, self.max_faces = min_visible, max_missed, max_faces
         self.retry_every = max(1, int(retry_every))
         self.smoother = smoother
@@ -163,6 +192,19 @@ class FaceTracker:
         self.wanted = False  # a track was lost or left, or nothing is tracked, since the last run
         self.detections = 0  # frames the detector ran on
 
+    def _move(self, track: Track, state: TrackState) -> None:
+        """The one place a track changes state (MOVES)."""
+        if state is track.state:
+            return
+        assert (track.state, state) in MOVES, f"a track cannot go from {track.state.value} to {state.value}"
+        if state is HIDDEN:
+            track.hidden_at = self.detections
+        track.state = state
+
+    def _checked(self, track: Track) -> bool:
+        """The detector has run since the track was hidden."""
+        return self.detections > track.hidden_at
+
     def _close(self, track: Track, why: str) -> None:
         track.end = why
         self.closed.append(track)
@@ -172,17 +214,16 @@ class FaceTracker:
             self._close(t, why)
         self.active = []
 
-    def _new_track(self, index: int, box: np.ndarray) -> Track:
-        """A candidate (id -1): it gets its id once its face has scored (step)."""
-        return Track(id=-1, first_frame=index, box=np.asarray(box, dtype=np.float64),
-                     filter=self.smoother() if self.smoother else None, detected=True)
+    def _off_face(self, points: np.ndarray, box: np.ndarray) -> bool:
+        """Keypoints predicted from `box` that left its face: their box is tiny, or overlaps
+        `box` below match_iou."""
+        cand = points_to_box(points, self.box_from_points)[0]
+        return min(cand[2], cand[3]) < MIN_BOX_PX or iou(cand[None], box[None])[0, 0] < self.match_iou
 
     def _match_detections(self, index: int, image: np.ndarray) -> None:
         boxes = np.asarray(self.detect(image), dtype=np.float64).reshape(-1, 4)
         self.detections += 1
         self.last_detect, self.wanted = index, False
-        for t in self.active:
-            t.checked = t.checked or t.hidden
         tracked = np.array([t.box for t in self.active]).reshape(-1, 4)
         pairs = match(tracked, boxes, self.match_iou)
         used = {di for _, di, _ in pairs}
@@ -197,7 +238,7 @@ class FaceTracker:
             self._found(self.active[ti], boxes[di], iou(self.active[ti].box[None], boxes[di][None])[0, 0])
             matched.add(ti)
             used.add(di)
-        free = [i for i, t in enumerate(self.active) if i not in matched and (t.lost or t.hidden)]
+        free = [i for i, t in enumerate(self.active) if i not in matched and t.state in (LOST, HIDDEN)]
         for ti, di in near_pairs([self.active[i].box for i in free], boxes, used):
             self._found(self.active[free[ti]], boxes[di], 0.0)
             matched.add(free[ti])
@@ -205,7 +246,7 @@ class FaceTracker:
         keep = []
         for i, t in enumerate(self.active):
             if i not in matched:
-                if t.lost:
+                if t.state in (LOST, HIDDEN):
                     self._close(t, "lost (keypoints off the face, not found by the detector)")
                     continue
                 t.missed += 1
@@ -223,21 +264,24 @@ class FaceTracker:
             # a face already tracked, found again (at another scale, or a part of it); with a
             # gate, only the tracks count: two candidates of one face are both scored, and the
             # younger of two that pass is a duplicate (step)
-            taken = np.array([t.box for t in self.active if t.id >= 0 or not gated]).reshape(-1, 4)
+            taken = np.array([t.box for t in self.active if t.state is not CANDIDATE or not gated]).reshape(-1, 4)
             if len(taken) and overlap_of_smaller(boxes[di], taken).max() >= SAME_FACE_OVERLAP:
                 continue
-            self.active.append(self._new_track(index, boxes[di]))
+            self.active.append(Track(first_frame=index, box=boxes[di].copy(),
+                                     filter=self.smoother() if self.smoother else None))
 
-    @staticmethod
-    def _found(track: Track, box: np.ndarray, overlap: float) -> None:
+    def _found(self, track: Track, box: np.ndarray, overlap: float) -> None:
         """A detection `box` (IoU `overlap` with the track's box) of this track's face: no miss;
         the track restarts from it when lost or drifted (overlap below REANCHOR_IOU), unless
         the detection is far smaller than the track's box (REANCHOR_MIN_SIDE: a lost track
-        then stays lost, and the detector tries again within retry_every frames)."""
+        then stays lost, and the detector tries again within retry_every frames). A hidden
+        track stays hidden until its face scores again."""
         track.missed = 0
         comparable = box[2] * box[3] >= REANCHOR_MIN_SIDE ** 2 * track.box[2] * track.box[3]
-        if (track.lost or overlap < REANCHOR_IOU) and comparable:
-            track.box, track.detected, track.lost = box.copy(), True, False
+        if (track.state in (LOST, HIDDEN) or overlap < REANCHOR_IOU) and comparable:
+            track.box = box.copy()
+            if track.state is LOST:
+                self._move(track, TRACKED)
 
     def _same_face_pairs(self, boxes: np.ndarray, matched: set[int], used: set[int]) -> list[tuple[int, int]]:
         """Greedy one-to-one pairs (track, detection) among the unmatched ones whose boxes are
@@ -252,61 +296,62 @@ class FaceTracker:
     def step(self, index: int, t: float, image: np.ndarray) -> list[Track]:
         """One frame: each track's box from its last keypoints; the detector when due, or
         (at most every retry_every frames) when a track's face left the picture, nothing is
-        tracked, or a track is lost (its keypoint box is tiny or overlaps its last box below
-        match_iou: the keypoints left the face); then keypoints for every track in one batch."""
+        tracked, or a track is lost or hidden; then keypoints for every track in one batch,
+        searched for on this same frame where they lost a face that was tracked (`_search`);
+        then the presence gate, and the shown tracks smoothed."""
         h, w = image.shape[:2]
-        lost = False
+        owed = False
         keep = []
         for tr in self.active:
-            tr.detected = False
-            if tr.points is not None and not tr.hidden:  # a hidden track keeps its last good box
-                cand = points_to_box(tr.points, self.c)[0]
-                if min(cand[2], cand[3]) < MIN_BOX_PX or iou(cand[None], tr.box[None])[0, 0] < self.match_iou:
-                    tr.lost = True  # keeps its last good box, for the detector to find it again
+            if tr.state is not HIDDEN:  # a hidden track keeps its last good box
+                if self._off_face(tr.points, tr.box):  # type: ignore[arg-type]  # a track has points
+                    self._move(tr, LOST)  # keeps its last good box, for the detector to find it again
                 else:
-                    tr.box, tr.lost = cand, False
+                    tr.box = points_to_box(tr.points, self.box_from_points)[0]  # type: ignore[arg-type]
+                    self._move(tr, TRACKED)
             if visible_fraction(tr.box, w, h) < self.min_visible:
                 self._close(tr, "left the picture")
-                lost = True
+                owed = True
                 continue
             keep.append(tr)
-            lost = lost or tr.lost or tr.hidden
+            owed = owed or tr.state is not TRACKED
         self.active = keep
-        self.wanted = self.wanted or lost or not self.active  # the detector is owed a run
+        self.wanted = self.wanted or owed or not self.active  # the detector is owed a run
         since = None if self.last_detect is None else index - self.last_detect
         if since is None or since >= self.detect_every or (self.wanted and since >= self.retry_every):
             self._match_detections(index, image)
         if not self.active:
             return []
-        points, scores = self._predict(image, np.stack([tr.box for tr in self.active]))
+        points, scores = self._predict(image)
         if self._search(index, image, points, scores):
             if not self.active:
                 return []
-            points, scores = self._predict(image, np.stack([tr.box for tr in self.active]))
+            points, scores = self._predict(image)
         keep = []
         for tr, p, score in zip(self.active, points, scores):
             tr.score = float(score)
-            gate = self.threshold if tr.id < 0 else self.keep_threshold  # start a track, keep one
+            gate = self.threshold if tr.state is CANDIDATE else self.keep_threshold  # start a track, keep one
             if gate is None or not score < gate:  # NaN: no score, a face
-                tr.points, tr.hidden, tr.checked = p, False, False
-            elif tr.id < 0:  # a detection that is no face starts no track
+                tr.points = p
+                self._move(tr, TRACKED)
+            elif tr.state is CANDIDATE:  # a detection that is no face starts no track
                 self.rejected += 1
                 continue
-            elif tr.checked:  # still no face after the detector's fresh look
+            elif tr.state is HIDDEN and self._checked(tr):  # still no face after the detector's fresh look
                 self._close(tr, "not a face (presence score below the threshold)")
                 continue
             else:  # hidden until the detector has had a look (at most retry_every frames)
-                tr.hidden = tr.lost = True
+                self._move(tr, HIDDEN)
                 self.wanted = True
             keep.append(tr)
         self.active = keep
         self._drop_duplicates()
         shown = []
         for tr in self.active:
-            if tr.hidden:
+            if tr.state is HIDDEN:
                 continue
-            if tr.id < 0:  # a candidate that passed: a track now, while max_faces allows
-                if self.max_faces and sum(t.id >= 0 for t in self.active) >= self.max_faces:
+            if tr.id is None:  # a candidate that passed: a track now, while max_faces allows
+                if self.max_faces and sum(t.id is not None for t in self.active) >= self.max_faces:
                     continue
                 self._assign_id(tr, index)
             side = float(max(tr.box[2], tr.box[3]))
@@ -315,7 +360,7 @@ class FaceTracker:
             tr.smoothed = tr.filter(shown_points, t, side) if tr.filter is not None else shown_points
             tr.last_frame = index
             shown.append(tr)
-        self.active = [tr for tr in self.active if tr.id >= 0]  # candidates max_faces left out go
+        self.active = [tr for tr in self.active if tr.id is not None]  # candidates max_faces left out go
         return shown
 
     def _search(self, index: int, image: np.ndarray, points: np.ndarray, scores: np.ndarray) -> bool:
@@ -329,19 +374,13 @@ class FaceTracker:
         detector ran."""
         if self.last_detect == index:
             return False
-        failing = [tr for tr, p, score in zip(self.active, points, scores)
-                   if tr.id >= 0 and not (tr.lost or tr.hidden) and self._lost_face(tr.box, p, score)]
+        failing = [tr for tr, p, score in zip(self.active, points, scores) if tr.state is TRACKED and (
+            self._off_face(p, tr.box) or (self.keep_threshold is not None and score < self.keep_threshold))]
         for tr in failing:
-            tr.lost = True
+            self._move(tr, LOST)
         if failing:
             self._match_detections(index, image)
         return bool(failing)
-
-    def _lost_face(self, box: np.ndarray, points: np.ndarray, score: float) -> bool:
-        """Keypoints predicted from `box` that are no longer on its face."""
-        cand = points_to_box(points, self.c)[0]
-        return (min(cand[2], cand[3]) < MIN_BOX_PX or iou(cand[None], box[None])[0, 0] < self.match_iou
-                or (self.keep_threshold is not None and score < self.keep_threshold))
 
     def _assign_id(self, track: Track, index: int) -> None:
         """A candidate that passed becomes a track: under the id of a track closed as lost in the
@@ -357,30 +396,26 @@ class FaceTracker:
         track.id = self.next_id
         self.next_id += 1
 
-    def _predict(self, image: np.ndarray, boxes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        """(points (M, K, 2), scores (M,)) of the boxes; NaN scores from a predictor without them."""
-        out = self.predict(image, boxes)
-        if isinstance(out, tuple):
-            points, scores = out
-        else:
-            points, scores = out, np.full(len(boxes), np.nan)
+    def _predict(self, image: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(points (M, K, 2), scores (M,)) of the active tracks' boxes, in one batch."""
+        points, scores = self.predict(image, np.stack([tr.box for tr in self.active]))
         return np.asarray(points, dtype=np.float64), np.asarray(scores, dtype=np.float64).reshape(-1)
 
     def _drop_duplicates(self) -> None:
         """Of two shown tracks whose keypoint boxes are one face, the younger goes (a candidate,
         always younger than the tracks, starts none). Hidden tracks' points are old: the
         detector settles them."""
-        shown = [t for t in self.active if not t.hidden]
+        shown = [t for t in self.active if t.state is not HIDDEN]
         if len(shown) < 2:
             return
         # step() has predicted the points of every shown track
-        boxes = points_to_box(np.stack([t.points for t in shown]), self.c)  # type: ignore[misc]
+        boxes = points_to_box(np.stack([t.points for t in shown]), self.box_from_points)  # type: ignore[misc]
         m = overlap_of_smaller(boxes, boxes)
         keep: list[int] = []
         gone = set()
         for i, t in enumerate(shown):  # oldest first: a later track that overlaps an earlier one goes
             if any(m[i, j] >= SAME_FACE_OVERLAP for j in keep):
-                if t.id >= 0:
+                if t.id is not None:
                     self._close(t, "duplicate of another track")
                 gone.add(id(t))
                 continue

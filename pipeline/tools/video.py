@@ -13,8 +13,10 @@ import itertools
 import logging
 import os
 import time
+from collections import deque
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Sequence, cast
 
 import click
 import cv2
@@ -31,7 +33,7 @@ from pipeline.formats.images import write_png
 from pipeline.formats.video import AtomicVideoWriter, capture_source, open_capture, open_video, timed_frames_of
 from pipeline.formats.video_csv import read_video_csv, write_video_csv
 from pipeline.inference.landmarker import Landmarker
-from pipeline.inference.live import Tracker
+from pipeline.inference.live import TrackedFace, Tracker
 from pipeline.inference.options import model_options
 from pipeline.keypoints.draw import contact_sheet, draw_faces, put_label
 from pipeline.keypoints.geometry import crop_face
@@ -66,12 +68,115 @@ def _face_tile(image: np.ndarray, box: np.ndarray | None, side: int = 144) -> np
     return crop_face(image, box, 1.6, side)[0]
 
 
+@dataclass
+class VideoRows:
+    """One row per face per frame, in frame order: the columns `track_video` returns. A row's
+    smoothed points are None until its smoothing window is complete (`WindowSmoother`)."""
+
+    frame: list[int] = field(default_factory=list)
+    time: list[float] = field(default_factory=list)
+    face: list[int] = field(default_factory=list)
+    raw: list[np.ndarray] = field(default_factory=list)
+    smoothed: list[np.ndarray | None] = field(default_factory=list)
+    side: list[float] = field(default_factory=list)
+    box: list[np.ndarray] = field(default_factory=list)
+    score: list[float] = field(default_factory=list)
+
+    def add(self, index: int, t: float, face: TrackedFace, smoothed: bool) -> int:
+        """Append `face` on frame `index` at time t (its smoothed points too, if `smoothed`);
+        returns its row."""
+        self.frame.append(index)
+        self.time.append(t)
+        self.face.append(face.id)
+        self.raw.append(face.raw)
+        self.smoothed.append(face.points if smoothed else None)
+        self.side.append(float(max(face.box[2], face.box[3])))
+        self.box.append(face.box)
+        self.score.append(face.score)
+        return len(self.frame) - 1
+
+    def arrays(self, k: int) -> dict[str, np.ndarray]:
+        return {"frame": np.asarray(self.frame, dtype=np.int64), "time": np.asarray(self.time, dtype=np.float64),
+                "face": np.asarray(self.face, dtype=np.int64),
+                "raw": np.asarray(self.raw, dtype=np.float64).reshape(-1, k, 2),
+                "smoothed": np.asarray(self.smoothed, dtype=np.float64).reshape(-1, k, 2),
+                "side": np.asarray(self.side, dtype=np.float64),
+                "box": np.asarray(self.box, dtype=np.float64).reshape(-1, 4),
+                "score": np.asarray(self.score, dtype=np.float64)}
+
+
+class WindowSmoother:
+    """video.filter poly: a centred local quadratic in time over each track's rows within
+    +-half_s of a row's time stamp (no lag, half_s of latency). A row is smoothed once a frame
+    later than `reach` past it has been seen, or its track has closed; its window is sliced as
+    wide, and local_poly_in_time keeps the frames within half_s of it."""
+
+    def __init__(self, rows: VideoRows, half_s: float):
+        self.rows, self.half_s = rows, half_s
+        self.reach = half_s + 2 * WINDOW_TOLERANCE_S
+        self.track_rows: dict[int, list[int]] = {}  # face id -> its rows, in frame order (open tracks)
+        self.done: dict[int, int] = {}  # face id -> how many of its rows are smoothed
+
+    def add(self, row: int) -> None:
+        self.track_rows.setdefault(self.rows.face[row], []).append(row)
+
+    def settle(self, now: float, open_ids: set[int]) -> None:
+        """Smooth every row whose window is complete at time `now`, with the tracks `open_ids` still open."""
+        times, raw = self.rows.time, self.rows.raw
+        for fid in list(self.track_rows):
+            rs, j = self.track_rows[fid], self.done.get(fid, 0)  # rs in frame order: their times increase
+            while j < len(rs) and (fid not in open_ids or times[rs[j]] + self.reach < now):
+                t = times[rs[j]]
+                lo = bisect.bisect_left(rs, t - self.reach, key=times.__getitem__)
+                hi = bisect.bisect_right(rs, t + self.reach, key=times.__getitem__)
+                window = np.asarray([raw[r] for r in rs[lo:hi]])
+                self.rows.smoothed[rs[j]] = local_poly_in_time(window, np.asarray([times[r] for r in rs[lo:hi]]),
+                                                               j - lo, self.half_s)
+                j += 1
+            self.done[fid] = j
+            if fid not in open_ids:
+                del self.track_rows[fid]  # closed, every row smoothed
+
+
+class FrameDrawer:
+    """Draws each frame once all its rows are smoothed, in frame order: into `writer` (None:
+    no video), with the smoothed points (`smooth`) or the raw ones; the frames numbered in
+    `keep` also as tiles {frame: (raw, smoothed)} in `kept`."""
+
+    def __init__(self, rows: VideoRows, schema, writer: AtomicVideoWriter | None, keep: Sequence[int],
+                 smooth: bool):
+        self.rows, self.schema, self.writer, self.smooth = rows, schema, writer, smooth
+        self.keep = set(keep)
+        self.kept: dict[int, tuple[np.ndarray, ...]] = {}
+        self.pending: deque[tuple[int, np.ndarray, list[int]]] = deque()  # (frame, image, its rows)
+
+    def add(self, index: int, image: np.ndarray, rows: list[int]) -> None:
+        self.pending.append((index, image, rows))
+        self.flush()
+
+    def flush(self) -> None:
+        r = self.rows
+        while self.pending and all(r.smoothed[i] is not None for i in self.pending[0][2]):
+            j, image, rs = self.pending.popleft()
+            # every row of this frame is smoothed now: both columns hold points
+            raw, smoothed = r.raw, cast(list[np.ndarray], r.smoothed)
+            if self.writer is not None:
+                points = smoothed if self.smooth else raw
+                self.writer.write(draw_frame(image, [(r.face[i], r.box[i], points[i]) for i in rs], self.schema))
+            if j in self.keep:
+                self.kept[j] = tuple(_face_tile(draw_frame(image, [(r.face[i], r.box[i], column[i]) for i in rs],
+                                                           self.schema), r.box[rs[0]] if rs else None)
+                                     for column in (raw, smoothed))
+
+
 def track_video(src: str | int | os.PathLike, landmarker: Landmarker, vcfg: VideoParams, *,
                 out_mp4: str | os.PathLike | None = None, smooth: bool = True, progress: bool = True,
                 detect=None, keep: Sequence[int] = (), max_frames: int = 0) -> dict[str, Any]:
     """Keypoints of every face on every frame of `src` (a file, or a camera index or stream URL:
-    pipeline/formats/video.py `open_capture`), a loop over the per-frame tracker
-    (`landmarker.tracker()`: pipeline/inference/live.py), optionally drawn into `out_mp4`.
+    pipeline/formats/video.py `open_capture`): a loop over the per-frame tracker
+    (`landmarker.tracker()`: pipeline/inference/live.py) whose faces go into `VideoRows`, the
+    centred smoothing (`WindowSmoother`, video.filter poly; One Euro is the tracker's own) and
+    the drawing into `out_mp4` (`FrameDrawer`).
     Returns rows (frame, time, face, raw points, smoothed points, box side, box, presence
     score) as arrays, the video's fps and frame count, closed tracks, the number of detector
     runs and of detections rejected as no face, and the seconds spent end to end (decode,
@@ -80,51 +185,13 @@ def track_video(src: str | int | os.PathLike, landmarker: Landmarker, vcfg: Vide
     source also ends at Ctrl-C)."""
     schema = landmarker.schema
     is_live = capture_source(src) is not None
-    # "poly": a centred local quadratic in time over the frames within +-half_s of each frame's
-    # time stamp (no lag, half_s of latency), applied here; "one_euro": causal, by the tracker
-    half_s = vcfg.half_window_s if vcfg.filter == "poly" else 0.0
-    # a row is smoothed once a frame later than this past it has been seen (or its track
-    # closed); its window is sliced as wide, local_poly_in_time then keeps the frames within it
-    reach = half_s + 2 * WINDOW_TOLERANCE_S
     causal = vcfg.filter == "one_euro"
     tracker = Tracker(landmarker, vcfg, smoothing="one_euro" if causal else "none", detect=detect)
     cap, fps, declared = open_capture(src)
-    rows: dict[str, list] = {"frame": [], "time": [], "face": [], "raw": [], "smoothed": [], "side": [], "box": [],
-                             "score": []}
+    rows = VideoRows()
+    smoother = None if causal else WindowSmoother(rows, vcfg.half_window_s)
     writer = AtomicVideoWriter(out_mp4, fps) if out_mp4 is not None else None
-    kept: dict[int, tuple[np.ndarray, ...]] = {}  # frame -> (raw, smoothed)
-    keep_frames = set(keep)
-    track_rows: dict[int, list[int]] = {}  # face id -> its rows, in frame order (open tracks)
-    done: dict[int, int] = {}  # face id -> how many of its rows are smoothed
-    pending: list[tuple[int, np.ndarray, list[int]]] = []  # frames not yet drawn: (index, image, rows)
-
-    def settle(now: float, live: set[int]) -> None:
-        """Smooth every row whose window is complete (a frame more than `reach` after it seen,
-        or its track closed), then draw the frames whose rows are all smoothed."""
-        times = rows["time"]
-        for fid in list(track_rows):
-            rs, j = track_rows[fid], done.get(fid, 0)  # rs in frame order: their times increase
-            while not causal and j < len(rs) and (fid not in live or times[rs[j]] + reach < now):
-                t = times[rs[j]]
-                lo = bisect.bisect_left(rs, t - reach, key=times.__getitem__)
-                hi = bisect.bisect_right(rs, t + reach, key=times.__getitem__)
-                window = np.asarray([rows["raw"][r] for r in rs[lo:hi]])
-                rows["smoothed"][rs[j]] = local_poly_in_time(window, np.asarray([times[r] for r in rs[lo:hi]]),
-                                                             j - lo, half_s)
-                j += 1
-            done[fid] = j
-            if fid not in live:
-                del track_rows[fid]  # closed, every row smoothed
-        while pending and all(rows["smoothed"][r] is not None for r in pending[0][2]):
-            j, image, rs = pending.pop(0)
-            if writer is not None:
-                writer.write(draw_frame(image, [(rows["face"][r], rows["box"][r],
-                                                 rows["smoothed"][r] if smooth else rows["raw"][r]) for r in rs], schema))
-            if j in keep_frames:
-                kept[j] = tuple(_face_tile(draw_frame(image, [(rows["face"][r], rows["box"][r], rows[a][r]) for r in rs],
-                                                      schema), rows["box"][rs[0]] if rs else None)
-                                for a in ("raw", "smoothed"))
-
+    drawer = FrameDrawer(rows, schema, writer, keep, smooth)
     t0 = time.perf_counter()
     n = 0
     times: list[float] = []  # every frame's, for the warning on clips too slow to smooth
@@ -140,20 +207,12 @@ def track_video(src: str | int | os.PathLike, landmarker: Landmarker, vcfg: Vide
         try:
             for i, (t, frame) in enumerate(frames):
                 times.append(t)
-                these = []
-                for face in tracker.update(frame, t):
-                    these.append(len(rows["frame"]))
-                    track_rows.setdefault(face.id, []).append(len(rows["frame"]))
-                    rows["frame"].append(i)
-                    rows["time"].append(t)
-                    rows["face"].append(face.id)
-                    rows["raw"].append(face.raw)
-                    rows["smoothed"].append(face.points if causal else None)
-                    rows["side"].append(float(max(face.box[2], face.box[3])))
-                    rows["box"].append(face.box)
-                    rows["score"].append(face.score)
-                pending.append((i, frame, these))
-                settle(t, tracker.open_ids)
+                these = [rows.add(i, t, face, smoothed=causal) for face in tracker.update(frame, t)]
+                if smoother is not None:
+                    for r in these:
+                        smoother.add(r)
+                    smoother.settle(t, tracker.open_ids)
+                drawer.add(i, frame, these)
                 n = i + 1
                 now = time.perf_counter()
                 spent_on.append(now - last)
@@ -165,7 +224,9 @@ def track_video(src: str | int | os.PathLike, landmarker: Landmarker, vcfg: Vide
         if n == 0:
             raise PipelineError(str(src), "no frame could be decoded")
         tracker.close()
-        settle(float("inf"), set())
+        if smoother is not None:
+            smoother.settle(float("inf"), set())
+        drawer.flush()
         if writer is not None:
             writer.publish()
     except BaseException:
@@ -174,22 +235,12 @@ def track_video(src: str | int | os.PathLike, landmarker: Landmarker, vcfg: Vide
         raise
     finally:
         cap.release()
-    if not causal and half_s > 0:
-        warn_if_too_slow(src, np.asarray(times), half_s)
-    spent = time.perf_counter() - t0
-    k = schema.k
-    out = {"fps": fps, "frames": n, "seconds": spent, "detections": tracker.detections, "kept": kept,
-           "rejected": tracker.rejected, "presence_threshold": tracker.threshold,
-           "frame_seconds": np.asarray(spent_on), "eyes": schema.eyes, "tracks": tracker.tracks}
-    out["frame"] = np.asarray(rows["frame"], dtype=np.int64)
-    out["time"] = np.asarray(rows["time"], dtype=np.float64)
-    out["face"] = np.asarray(rows["face"], dtype=np.int64)
-    out["raw"] = np.asarray(rows["raw"], dtype=np.float64).reshape(-1, k, 2)
-    out["smoothed"] = np.asarray(rows["smoothed"], dtype=np.float64).reshape(-1, k, 2)
-    out["side"] = np.asarray(rows["side"], dtype=np.float64)
-    out["box"] = np.asarray(rows["box"], dtype=np.float64).reshape(-1, 4)
-    out["score"] = np.asarray(rows["score"], dtype=np.float64)
-    return out
+    if smoother is not None and vcfg.half_window_s > 0:
+        warn_if_too_slow(src, np.asarray(times), vcfg.half_window_s)
+    return {"fps": fps, "frames": n, "seconds": time.perf_counter() - t0, "detections": tracker.detections,
+            "kept": drawer.kept, "rejected": tracker.rejected, "presence_threshold": tracker.threshold,
+            "frame_seconds": np.asarray(spent_on), "eyes": schema.eyes, "tracks": tracker.tracks,
+            **rows.arrays(schema.k)}
 
 
 def warn_if_too_slow(src: str | int | os.PathLike, times: np.ndarray, half_s: float) -> None:

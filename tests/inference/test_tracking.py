@@ -7,7 +7,13 @@ import numpy as np
 import pytest
 
 from pipeline.detection.haar import cascade_available
-from pipeline.inference.tracking import FaceTracker, measure_points_to_box, points_to_box, visible_fraction
+from pipeline.inference.tracking import (
+    FaceTracker,
+    measure_points_to_box,
+    points_to_box,
+    unscored,
+    visible_fraction,
+)
 from pipeline.synth.face import TEMPLATE
 
 needs_haar = pytest.mark.skipif(not cascade_available(), reason="this OpenCV has no Haar cascade (OpenCV 5)")
@@ -78,7 +84,8 @@ class Scene:
         return np.stack(out)
 
     def run(self, n, **kw):
-        tracker = FaceTracker(self.detect, self.predict, box_from_points=C, **kw)
+        predict = self.predict if isinstance(self, ScoredScene) else unscored(self.predict)
+        tracker = FaceTracker(self.detect, predict, box_from_points=C, **kw)
         image = np.zeros((self.H, self.W, 3), np.uint8)
         per_frame = []
         for i in range(n):
@@ -409,7 +416,7 @@ def test_a_real_talking_head_clip_is_one_track_with_bounded_detector_runs(clip):
         pytest.skip(f"{path} is absent")
     found = get_detector("haar")
     tracker = FaceTracker(lambda image: found(image, 0)[0],
-                          lambda image, boxes: np.stack([shape_in_box(b, C) for b in boxes]),
+                          unscored(lambda image, boxes: np.stack([shape_in_box(b, C) for b in boxes])),
                           box_from_points=C, detect_every=10, retry_every=5)
     cap, fps, _ = open_video(path)
     n, ids = 0, set()
