@@ -385,8 +385,9 @@ class FaceTracker:
     def _assign_id(self, track: Track, index: int) -> None:
         """A candidate that passed becomes a track: under the id of a track closed as lost in the
         last REVIVE_RUNS * retry_every frames near it (the same face, found again), else a new id."""
+        # its face was lost on the frame after the last one it was shown on
         since = index - REVIVE_RUNS * self.retry_every
-        recent = [t for t in self.closed if t.end.startswith("lost") and t.last_frame >= since]
+        recent = [t for t in self.closed if t.end.startswith("lost") and t.last_frame + 1 >= since]
         pairs = near_pairs([t.box for t in recent], track.box[None], set())
         if pairs:
             old = recent[pairs[0][0]]

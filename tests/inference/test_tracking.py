@@ -350,6 +350,11 @@ def test_a_face_lost_in_a_fast_turn_and_found_again_nearby_keeps_its_id(tpl):
     assert [list(f) for f in frames] == [[0]] * 5 + [[]] * 3 + [[0]] * 4
     (t,) = tracker.closed
     assert (t.id, t.first_frame, t.end, tracker.next_id) == (0, 0, "end of video", 1)
+    # found two detector runs after the frame it was lost on (5: runs on 8 and 11): the same id
+    scene = ScoredScene(tpl, paths, hide={(5, "a"), (8, "a")})
+    tracker, frames = scene.run(14, detect_every=100, retry_every=3, threshold=0.5)
+    assert scene.detect_calls == [0, 5, 8, 11]
+    assert [list(f) for f in frames] == [[0]] * 5 + [[]] * 6 + [[0]] * 3 and tracker.next_id == 1
     # a face found far from where the track was lost is another face: a new id
     far = {"a": lambda i: (20 + i + (120 if i >= 5 else 0), 60, 1.0)}
     tracker, frames = ScoredScene(tpl, far, hide={(5, "a")}).run(12, detect_every=100, retry_every=3, threshold=0.5)
