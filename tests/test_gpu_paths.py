@@ -25,9 +25,10 @@ from pipeline.models.head import SoftArgmaxHead
 from pipeline.models.layers import BlurPool2d, reflect_pad1
 from pipeline.stages.train import fit
 from pipeline.training.distributed import init_distributed
+from pipeline.training.identity import training_identity
 from pipeline.training.loader import seed_worker
 from pipeline.training.loop import evaluate, train_steps
-from pipeline.training.setup import build_training, load_fold, make_epoch_loader, resume_training, training_identity
+from pipeline.training.setup import build_training, load_fold, make_epoch_loader, resume_training
 
 TINY = ["crop.side=32", "model.input_size=32", "train.batch_size=8", "train.epochs=2",
         "train.warmup_epochs=1", "folds.k=2", "folds.train=[0,1]", "train.randaug_n=1", "train.heatmap_lambda=1.0"]

@@ -1,7 +1,7 @@
 """Content identities: the sha256 of a file, of a folder's files, and of the package's own
 code that a command imports (its import closure, function-level imports included, as
 dvc.yaml's code deps list it). A training's resume key names its inputs by these
-(pipeline/training/setup.py), predictions name the checkpoints they were made from, and
+(pipeline/training/identity.py), predictions name the checkpoints they were made from, and
 tests/test_dvc.py checks dvc.yaml's code deps with the same import scan."""
 
 from __future__ import annotations

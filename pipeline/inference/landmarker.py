@@ -10,7 +10,7 @@ exported .onnx files) and owns everything between a photo and its keypoints:
 * the way back to the photo's pixels (crop transform, the labels' pixel origin),
 * face detection (pipeline/detection) when no boxes are given,
 * the face-presence score of every face (pipeline/inference/presence.py: `faces`,
-  `predict_scored`) and the per-frame tracker of live video (`tracker`,
+  `predict(..., scores=True)`) and the per-frame tracker of live video (`tracker`,
   pipeline/inference/live.py).
 
 The predict stage, `submit --xml`, predict-image, predict-video, morph and bench's accuracy
@@ -23,7 +23,7 @@ import logging
 import os
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Sequence, cast
 
 import numpy as np
 import torch
@@ -33,8 +33,9 @@ from pipeline.core.device import resolve_device
 from pipeline.core.errors import PipelineError
 from pipeline.core.params_schema import PredictParams, VideoParams, requirement, section_fields
 from pipeline.detection.detectors import locate_faces
-from pipeline.formats.annotations import crop_faces, load_xml, read_image
+from pipeline.formats.annotations import crop_faces, load_xml
 from pipeline.formats.checkpoint import checkpoint_crop, checkpoint_presence
+from pipeline.formats.photos import Photo, as_photo
 from pipeline.inference.live import Tracker
 from pipeline.inference.predictor import load_predictor
 from pipeline.inference.presence import Scorer, is_face, scorer, select_faces
@@ -96,49 +97,13 @@ def _expand_paths(paths: str | os.PathLike | Sequence[str | os.PathLike]) -> lis
     return [Path(p) for p in paths]
 
 
-def as_photo(image: Any, where: str = "image") -> np.ndarray:
-    """A photo for the predictor: (H, W, 3) RGB uint8 from a photo path (`read_image`) or an
-    array, converted as a photo file of that kind is read: grey (H, W) or (H, W, 1) replicated
-    to RGB, grey + alpha (H, W, 2) and RGBA (H, W, 4) without their alpha, 16-bit scaled to
-    8-bit (/ 257), any other integer or float array read on the 0-255 scale (rounded). What is
-    none of these (bytes, a float image outside 0-255, another shape or dtype) is one
-    PipelineError naming what was given, at `where`."""
-    if isinstance(image, (str, os.PathLike)):
-        return read_image(image)
-    if isinstance(image, (bytes, bytearray, memoryview)):
-        raise PipelineError(None, f"got {type(image).__name__} ({len(image)} bytes, an encoded file?): pass a "
-                                  "decoded RGB array or the photo's path", where)
-    if not isinstance(image, np.ndarray):
-        what = "None" if image is None else type(image).__name__
-        try:
-            image = np.asarray(image)
-        except (ValueError, TypeError):
-            raise PipelineError(None, f"got {what}, expected an RGB image array or a photo path", where) from None
-        if image.dtype == object or image.ndim < 2:
-            raise PipelineError(None, f"got {what}, expected an RGB image array or a photo path", where)
-    shape, dtype = tuple(image.shape), image.dtype
-    if image.ndim not in (2, 3) or (image.ndim == 3 and shape[2] not in (1, 2, 3, 4)) or 0 in shape:
-        raise PipelineError(None, f"got an array of shape {shape}, expected an image (H, W), (H, W, 1), "
-                                  "(H, W, 3) RGB or (H, W, 4) RGBA", where)
-    if dtype == np.uint16:
-        image = (image / 257.0).round().astype(np.uint8)
-    elif dtype != np.uint8:
-        if dtype.kind not in "iuf":
-            raise PipelineError(None, f"got an array of dtype {dtype}, expected uint8 (or numbers in 0-255)", where)
-        lo, hi = (float(image.min()), float(image.max())) if dtype.kind != "f" or np.isfinite(image).all() \
-            else (float("nan"), float("nan"))
-        if not 0 <= lo <= hi <= 255:
-            raise PipelineError(None, f"got a {dtype} image with values outside 0-255 ({lo:g} to {hi:g}); "
-                                      "scale it to 0-255 (uint8 RGB)", where)
-        if dtype.kind == "f" and 0 < hi <= 1:
-            log.warning("%s: a %s image with values within 0-1, read on the 0-255 scale (nearly black); "
-                        "multiply it by 255 if it is a 0-1 image", where, dtype)
-        image = np.rint(image).astype(np.uint8)
-    if image.ndim == 2:
-        image = image[:, :, None]
-    if image.shape[2] in (1, 2):  # grey, grey + alpha
-        return np.ascontiguousarray(np.repeat(image[:, :, :1], 3, axis=2))
-    return np.ascontiguousarray(image[:, :, :3])  # RGB, or RGBA without its alpha
+def _one_or_many(images: Photo | Sequence[Photo], *per_photo: Any) -> tuple[bool, list[Photo], list[Any]]:
+    """(one photo?, the photos as a list, each of `per_photo` (None, or one photo's value, or
+    a list of them) as a list too): a list or tuple of images is many photos, anything else
+    is one (as_photo then says what it is not)."""
+    if isinstance(images, (list, tuple)):
+        return False, list(images), list(per_photo)
+    return True, [cast(Photo, images)], [None if value is None else [value] for value in per_photo]
 
 
 BOXES_WANTED = "expected boxes (M, 4) of numbers [left, top, width, height], or one box (4,)"
@@ -318,14 +283,23 @@ class Landmarker:
         views = self.presence[i]["tta"] or self.tta
         return scorer(self.presence[i]["radius"], self.metas[i]["schema"]["flip"] if views == "flip" else None)
 
-    def per_model(self, crop: CropFn, progress: bool = False) -> np.ndarray:
-        """Every model's final predictions (F, N, K, 2) of the faces `crop(size, expand)` gives,
-        cropped once per geometry."""
-        return np.stack([out["final"] for out in self._per_model_outputs(crop, progress, scored=False)])
-
-    def predict_faces(self, crop: CropFn, progress: bool = False) -> np.ndarray:
-        """The ensemble (N, K, 2) of the faces `crop(size, expand)` gives."""
-        return self.ensemble(self.per_model(crop, progress))
+    def predict_faces(self, crop: CropFn, progress: bool = False, *, per_model: bool = False,
+                      scores: bool = False) -> Any:
+        """The ensemble (N, K, 2) of the faces `crop(size, expand)` gives, cropped once per
+        geometry; per_model: every model's final predictions (F, N, K, 2) instead. scores:
+        (points, face-presence scores) instead: every model's (F, N) with per_model, else their
+        mean (N,) over the models that give one (heatmaps; NaN when none does), the models
+        whose thresholds `presence_threshold` averages."""
+        outs = self._per_model_outputs(crop, progress, scored=scores)
+        points = np.stack([out["final"] for out in outs])
+        if not per_model:
+            points = self.ensemble(points)
+        if not scores:
+            return points
+        each = np.stack([out["presence"] for out in outs])
+        if per_model:
+            return points, each
+        return points, each[self._scoring].mean(0) if self._scoring.any() else np.full(each.shape[1], np.nan)
 
     # ------------------------------------------------------------------ photos
 
@@ -333,23 +307,26 @@ class Landmarker:
         """(boxes in the training convention (M, 4), raw detector boxes (M, 4)), largest first."""
         return locate_faces(image, max_faces, self.detector)
 
-    def predict(self, image: np.ndarray | str | os.PathLike, boxes: np.ndarray | None = None,
-                max_faces: int = 0) -> np.ndarray:
-        """Keypoints (M, K, 2) in image pixels of the faces in `image` (RGB uint8 (H, W, 3),
-        or a photo path; grey, RGBA, 16-bit and float arrays as `as_photo` reads them).
-        boxes (M, 4) [left, top, width, height] in the training convention (the competition
-        XML's); None: the detector's faces (max_faces: the largest N, 0 all)."""
-        return self.predict_batch([image], None if boxes is None else [boxes], max_faces)[0]
-
-    def predict_batch(self, images: Sequence[np.ndarray | str | os.PathLike],
-                      boxes_list: Sequence[np.ndarray] | None = None, max_faces: int = 0) -> list[np.ndarray]:
-        """`predict` for several photos at once: the faces of all go through each model in
-        batches of batch_size. Returns one (M_i, K, 2) array per photo."""
-        boxes_list, _, crop = self._faces_of(images, boxes_list, max_faces)
+    def predict(self, images: Photo | Sequence[Photo], boxes: Any = None, *, max_faces: int = 0,
+                scores: bool = False) -> Any:
+        """Keypoints (M, K, 2) in image pixels of the faces in one photo (an RGB uint8 array
+        (H, W, 3) or a photo path; grey, RGBA, 16-bit and float arrays as
+        pipeline/formats/photos.py `as_photo` reads them), or a list of them (one per photo) for
+        a list or tuple of photos, whose faces go through each model together in batches of
+        batch_size. boxes: (M, 4) [left, top, width, height] in the training convention (the
+        competition XML's), a list of them for a list of photos; None: the detector's faces
+        (max_faces: the largest N, 0 all). scores: (points, face-presence scores (M,)) instead,
+        every face kept whatever its score (`faces` gates them)."""
+        one, photos, (boxes_list,) = _one_or_many(images, boxes)
+        boxes_list, _, crop = self._faces_of(photos, boxes_list, max_faces)
         counts = [len(b) for b in boxes_list]
-        if not sum(counts):
-            return [np.zeros((0, self.schema.k, 2)) for _ in counts]
-        return np.split(self.predict_faces(crop), np.cumsum(counts)[:-1])
+        if scores:
+            out: list[Any] = self._scored_by_photo(counts, crop)
+        elif not sum(counts):
+            out = [np.zeros((0, self.schema.k, 2)) for _ in counts]
+        else:
+            out = np.split(self.predict_faces(crop), np.cumsum(counts)[:-1])
+        return out[0] if one else out
 
     def _faces_of(self, images: Sequence[np.ndarray | str | os.PathLike], boxes_list: Sequence[np.ndarray] | None,
                   max_faces: int, detector_boxes: Sequence[np.ndarray] | None = None
@@ -362,10 +339,10 @@ class Landmarker:
             found = [self.detect(im, max_faces) for im in photos]
             boxes_list = [np.asarray(boxes, dtype=np.float64).reshape(-1, 4) for boxes, _ in found]
             detector_boxes = [raw for _, raw in found]
-        elif len(boxes_list) != len(photos):
-            raise PipelineError(None, f"{len(photos)} images but {len(boxes_list)} box arrays")
+        elif not hasattr(boxes_list, "__len__") or len(boxes_list) != len(photos):
+            raise PipelineError(None, f"{len(photos)} images but {len(boxes_list) if hasattr(boxes_list, '__len__') else 'no list of'} box arrays")
         else:
-            boxes_list = [as_boxes(b, im, "boxes" if len(photos) == 1 else f"boxes_list[{i}]")
+            boxes_list = [as_boxes(b, im, "boxes" if len(photos) == 1 else f"boxes[{i}]")
                           for i, (b, im) in enumerate(zip(boxes_list, photos))]
         raw_list: list[np.ndarray | None] = [None] * len(photos)
         if detector_boxes is not None:
@@ -390,19 +367,6 @@ class Landmarker:
                                                                   n_jobs, xml_path))
 
     # ------------------------------------------------------------------ face presence
-
-    def per_model_scored(self, crop: CropFn, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """`per_model` and every model's face-presence scores: ((F, N, K, 2), (F, N))."""
-        outs = self._per_model_outputs(crop, progress, scored=True)
-        return np.stack([out["final"] for out in outs]), np.stack([out["presence"] for out in outs])
-
-    def predict_faces_scored(self, crop: CropFn, progress: bool = False) -> tuple[np.ndarray, np.ndarray]:
-        """The ensemble (N, K, 2) of the faces `crop(size, expand)` gives, and their presence
-        scores (N,): the mean of the models that give one (heatmaps; NaN when none does), the
-        models whose thresholds `presence_threshold` averages."""
-        points, scores = self.per_model_scored(crop, progress)
-        mean = scores[self._scoring].mean(0) if self._scoring.any() else np.full(scores.shape[1], np.nan)
-        return self.ensemble(points), mean
 
     @property
     def presence_threshold(self) -> float | None:
@@ -429,50 +393,32 @@ class Landmarker:
             return None
         return float(np.mean([p[key] for p, _ in scoring])) if scoring else None
 
-    def predict_batch_scored(self, images: Sequence[np.ndarray | str | os.PathLike],
-                             boxes_list: Sequence[np.ndarray] | None = None,
-                             max_faces: int = 0) -> list[tuple[np.ndarray, np.ndarray]]:
-        """`predict_batch` with each face's presence score: [(points (M_i, K, 2), scores (M_i,))]
-        per photo; every face is kept, whatever its score (`faces_batch` gates them)."""
-        boxes_list, _, crop = self._faces_of(images, boxes_list, max_faces)
-        return self._scored_by_photo([len(b) for b in boxes_list], crop)
-
     def _scored_by_photo(self, counts: Sequence[int], crop: CropFn) -> list[tuple[np.ndarray, np.ndarray]]:
-        """`predict_faces_scored` of the faces `crop` cuts, split into photos of `counts` faces."""
+        """`predict_faces` with scores of the faces `crop` cuts, split into photos of `counts` faces."""
         if not sum(counts):
             return [(np.zeros((0, self.schema.k, 2)), np.zeros(0)) for _ in counts]
-        points, scores = self.predict_faces_scored(crop)
+        points, scores = self.predict_faces(crop, scores=True)
         cut = np.cumsum(counts)[:-1]
         return list(zip(np.split(points, cut), np.split(scores, cut)))
 
-    def predict_scored(self, image: np.ndarray | str | os.PathLike, boxes: np.ndarray | None = None,
-                       max_faces: int = 0) -> tuple[np.ndarray, np.ndarray]:
-        """`predict` and the faces' presence scores: (points (M, K, 2), scores (M,))."""
-        return self.predict_batch_scored([image], None if boxes is None else [boxes], max_faces)[0]
-
-    def faces_batch(self, images: Sequence[np.ndarray | str | os.PathLike],
-                    boxes_list: Sequence[np.ndarray] | None = None, max_faces: int = 0,
-                    keep_all: bool = False, detector_boxes: Sequence[np.ndarray] | None = None) -> list[Faces]:
-        """The faces of several photos (`Faces` each): detected (or `boxes_list`), predicted and
-        scored together; what scores below the presence threshold is no face and is left out
-        (`keep_all`: kept, with is_face False). max_faces: the largest N faces that pass (0: all).
-        detector_boxes: with `boxes_list` from a detector, its own boxes (one per box), kept
-        beside them."""
+    def faces(self, images: Photo | Sequence[Photo], boxes: Any = None, *, max_faces: int = 0,
+              keep_all: bool = False, detector_boxes: Any = None) -> Any:
+        """The faces of one photo (`Faces`), or of a list or tuple of photos (a list of
+        `Faces`): detected (or `boxes`, as `predict` takes them), predicted and scored together;
+        what scores below the presence threshold is no face and is left out (`keep_all`: kept,
+        with is_face False). max_faces: the largest N faces that pass (0: all). detector_boxes:
+        with `boxes` from a detector, its own boxes (one per box), kept beside them."""
+        one, photos, (boxes_list, raw_given) = _one_or_many(images, boxes, detector_boxes)
         # all the detector's faces: a non-face must not take a face's place
-        boxes_list, raw_list, crop = self._faces_of(images, boxes_list, 0, detector_boxes)
+        boxes_list, raw_list, crop = self._faces_of(photos, boxes_list, 0, raw_given)
         threshold = self.presence_threshold
         out = []
-        for boxes, raw, (points, scores) in zip(boxes_list, raw_list,
-                                                self._scored_by_photo([len(b) for b in boxes_list], crop)):
+        for boxes_i, raw, (points, scores) in zip(boxes_list, raw_list,
+                                                  self._scored_by_photo([len(b) for b in boxes_list], crop)):
             keep, face = select_faces(scores, threshold, max_faces, keep_all)
-            out.append(Faces(boxes[keep], points[keep], scores[keep], face, None if raw is None else raw[keep],
+            out.append(Faces(boxes_i[keep], points[keep], scores[keep], face, None if raw is None else raw[keep],
                              int((~is_face(scores, threshold)).sum())))
-        return out
-
-    def faces(self, image: np.ndarray | str | os.PathLike, boxes: np.ndarray | None = None, max_faces: int = 0,
-              keep_all: bool = False) -> Faces:
-        """The faces of one photo (`faces_batch`): boxes, points, presence scores."""
-        return self.faces_batch([image], None if boxes is None else [boxes], max_faces, keep_all)[0]
+        return out[0] if one else out
 
     def tracker(self, video: VideoParams | None = None, *, smoothing: str = "one_euro", detect=None,
                 presence: bool | None = None) -> Tracker:

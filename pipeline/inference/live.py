@@ -7,6 +7,7 @@ is a loop over it. Usage: docs/video.md, "Live sources"."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, cast
 
 import numpy as np
@@ -41,12 +42,12 @@ class Tracker:
 
     landmarker: a `pipeline.inference.landmarker.Landmarker` (`landmarker.tracker()` makes
     this), or any predictor with `predict(image, boxes) -> points (M, K, 2)` (unscored: no
-    gate) or `predict_scored(image, boxes) -> (points, scores)` and `presence_threshold` (and
-    `presence_keep`, the lower score that keeps a track); video: the tracking params (default: the `video` section of the working directory's params.yaml,
-    as predict-video reads it);
-    smoothing: one_euro | none; detect: `detect(image) -> boxes (M, 4)` (default: the
-    video.detector; without `video`, the landmarker's unless it is auto); presence: gate tracks by the models' threshold
-    (default: video.presence)."""
+    gate), or with `predict(image, boxes, scores=True) -> (points, scores)` and
+    `presence_threshold` (and `presence_keep`, the lower score that keeps a track); video: the
+    tracking params (default: the `video` section of the working directory's params.yaml, as
+    predict-video reads it); smoothing: one_euro | none; detect: `detect(image) -> boxes (M, 4)`
+    (default: the video.detector; without `video`, the landmarker's unless it is auto);
+    presence: gate tracks by the models' threshold (default: video.presence)."""
 
     def __init__(self, landmarker: Any, video: VideoParams | None = None, *, smoothing: str = "one_euro",
                  detect: Callable[[np.ndarray], np.ndarray] | None = None, presence: bool | None = None):
@@ -61,14 +62,14 @@ class Tracker:
             def detect(image: np.ndarray) -> np.ndarray:
                 return found(image, 0)[0]
 
-        scored = hasattr(landmarker, "predict_scored")
+        scored = hasattr(landmarker, "presence_threshold")
         gate = scored and ((v.presence == "on") if presence is None else bool(presence))
         smoother = (lambda: OneEuroFilter(v.min_cutoff, v.beta, v.d_cutoff)) if smoothing == "one_euro" else None
         self.landmarker = landmarker
         # a face starts a track at `threshold` and keeps it down to `keep_threshold` (None: no gate)
         self.threshold: float | None = landmarker.presence_threshold if gate else None
         self.keep_threshold: float | None = getattr(landmarker, "presence_keep", None) if gate else None
-        predict = landmarker.predict_scored if scored else unscored(landmarker.predict)
+        predict = partial(landmarker.predict, scores=True) if scored else unscored(landmarker.predict)
         self._tracker = FaceTracker(detect, predict, box_from_points=box_constants(v),
                                     detect_every=v.detect_every, match_iou=v.match_iou, min_visible=v.min_visible,
                                     max_missed=v.max_missed, max_faces=v.max_faces, retry_every=v.retry_every,

@@ -116,7 +116,7 @@ def calibrate_checkpoint(path: str | os.PathLike, cache_dir: str | os.PathLike, 
             a.append(m)
         return np.stack(crops), np.stack(a)
 
-    _, scores = landmarker.predict_faces_scored(crop)
+    _, scores = landmarker.predict_faces(crop, scores=True)
     kinds = np.array([k for _, _, k in items])
     pos, neg = scores[kinds == "face"], scores[kinds != "face"]
     chosen = choose_threshold(pos, neg)

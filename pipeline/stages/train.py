@@ -26,17 +26,9 @@ from pipeline.core.params_schema import Config
 from pipeline.core.paths import CACHE_DIR, EXTRA_DIR, FOLDS_FILE, MODELS_DIR
 from pipeline.formats.checkpoint import save_checkpoint
 from pipeline.training.distributed import init_distributed
+from pipeline.training.identity import TRAIN_IGNORES, TRAIN_SECTIONS, training_identity
 from pipeline.training.loop import evaluate, train_steps
-from pipeline.training.setup import (
-    TRAIN_IGNORES,
-    TRAIN_SECTIONS,
-    build_training,
-    checkpoint_meta,
-    load_fold,
-    make_epoch_loader,
-    resume_training,
-    training_identity,
-)
+from pipeline.training.setup import build_training, checkpoint_meta, load_fold, make_epoch_loader, resume_training
 
 log = logging.getLogger(__name__)
 
@@ -66,7 +58,6 @@ def fit(cfg: Config, fold: int, cache_dir: str | Path = CACHE_DIR, folds_path: s
     if not is_main:  # and only rank 0 logs progress: the other ranks report warnings only
         logging.getLogger("pipeline").setLevel(logging.WARNING)
     setup = build_training(cfg, cache, train_idx, resolve_device(device_name), rank, world)
-    assert setup.runtime is not None  # build_training resolves it
     identity = training_identity(cfg, cache_dir, folds_path, setup.runtime, extra_root)
     meta = checkpoint_meta(setup, cache, fold, identity)
     start_epoch, best_mae, history = (resume_training(setup, out, cache.schema, fold, identity) if resume

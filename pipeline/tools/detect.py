@@ -89,8 +89,9 @@ def run_predict_image(photos: Sequence[str], checkpoints: Sequence[str], out_dir
     threshold = landmarker.presence_threshold
 
     def flush() -> None:
-        batch = landmarker.faces_batch([image for _, image, _, _ in pending], [boxes for _, _, boxes, _ in pending],
-                                       max_faces, keep_all, detector_boxes=[raw for _, _, _, raw in pending])
+        batch = landmarker.faces([image for _, image, _, _ in pending], [boxes for _, _, boxes, _ in pending],
+                                 max_faces=max_faces, keep_all=keep_all,
+                                 detector_boxes=[raw for _, _, _, raw in pending])
         for (photo, image, _, _), faces in zip(pending, batch):
             if faces.non_faces:
                 log.info("%s: %d detection(s) scored below the presence threshold %.3f: not faces%s", photo,

@@ -79,7 +79,7 @@ def pending_folds(cfg: Config, out_root: str | Path = MODELS_DIR, cache_dir: str
     """{fold: epochs already done} for the folds of `folds.train` whose last.pt is missing,
     made from other inputs (params, the cache, the folds file, the extra caches, the code,
     the precision) or not at train.epochs yet: those `pipeline train --resume` would still train."""
-    from pipeline.training.setup import current_identity, trained_epochs
+    from pipeline.training.identity import current_identity, trained_epochs
 
     outs = {f: Path(out_root) / f"fold{f}" for f in cfg.folds.train}
     # the inputs are hashed once for all folds (none depends on the fold), and only when a

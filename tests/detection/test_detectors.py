@@ -144,7 +144,7 @@ def test_landmarker_predict_without_boxes_converts_once(fake_detector):
     np.testing.assert_allclose(boxes, WANT)
     np.testing.assert_array_equal(raw, RAW)
     np.testing.assert_allclose(landmarker.predict(IMAGE), landmarker.predict(IMAGE, WANT))
-    np.testing.assert_allclose(landmarker.predict_batch([IMAGE])[0], landmarker.predict(IMAGE, WANT))
+    np.testing.assert_allclose(landmarker.predict([IMAGE])[0], landmarker.predict(IMAGE, WANT))
 
 
 def test_predict_image_converts_once(fake_detector, monkeypatch, tmp_path):

@@ -5,6 +5,7 @@ import inspect
 import os
 import re
 import shutil
+from functools import partial
 
 import cv2
 import numpy as np
@@ -48,9 +49,9 @@ def test_each_model_crops_as_trained_and_the_ensemble_is_their_mean_less_the_bia
     bias = np.random.default_rng(3).normal(0, 2, (68, 2))
     landmarker.calibration = bias
     np.testing.assert_allclose(landmarker.predict(IMAGE, BOXES), mean - bias, atol=1e-9)
-    per_fold = landmarker.per_model(lambda size, expand: (np.stack([crop_one(IMAGE, crop_transform(b, expand, size),
-                                                                             size) for b in BOXES]),
-                                                          np.stack([crop_transform(b, expand, size) for b in BOXES])))
+    per_fold = landmarker.predict_faces(lambda size, expand: (
+        np.stack([crop_one(IMAGE, crop_transform(b, expand, size), size) for b in BOXES]),
+        np.stack([crop_transform(b, expand, size) for b in BOXES])), per_model=True)
     np.testing.assert_allclose(per_fold, np.stack(want), atol=1e-9)
     np.testing.assert_allclose(landmarker.ensemble(per_fold, raw=True), mean, atol=1e-9)
     with pytest.raises(PipelineError, match=r"calibration must be a finite \(68, 2\) bias"):
@@ -97,20 +98,20 @@ def test_scored_predictions_are_the_plain_ones_with_each_models_own_presence_sco
               (Fixed(COORDS[0]), _meta(40, 1.6))]
     landmarker = Landmarker(models, tta="flip", device="cpu")
     calls = []
-    points, scores = landmarker.per_model_scored(lambda size, expand: calls.append((size, expand)) or
-                                                 _crops(size, expand))
+    points, scores = landmarker.predict_faces(lambda size, expand: calls.append((size, expand)) or
+                                              _crops(size, expand), per_model=True, scores=True)
     assert calls == [(32, 1.25), (40, 1.6)]  # once per geometry
-    np.testing.assert_allclose(points, landmarker.per_model(_crops), atol=1e-9)
+    np.testing.assert_allclose(points, landmarker.predict_faces(_crops, per_model=True), atol=1e-9)
     for (model, meta), got in zip(models[:2], scores):
         want = predict_original(model, meta, *_crops(32, 1.25), "flip", 8, torch.device("cpu"),
                                 presence=scorer(meta["presence"]["radius"], IBUG68.flip_perm))["presence"]
         np.testing.assert_allclose(got, want, atol=1e-9)
     assert (scores[1] > scores[0]).all() and np.isnan(scores[2]).all()  # the wider radius; no heatmaps
     # the ensemble's score: the mean of the models' that have heatmaps
-    np.testing.assert_allclose(landmarker.predict_scored(IMAGE, BOXES)[1], scores[:2].mean(0), atol=1e-9)
+    np.testing.assert_allclose(landmarker.predict(IMAGE, BOXES, scores=True)[1], scores[:2].mean(0), atol=1e-9)
 
 
-def test_predict_batch_detects_when_no_boxes_and_keeps_photos_apart(monkeypatch):
+def test_predict_on_a_list_detects_when_no_boxes_and_keeps_photos_apart(monkeypatch):
     import pipeline.inference.landmarker as lm
 
     seen = []
@@ -118,14 +119,14 @@ def test_predict_batch_detects_when_no_boxes_and_keeps_photos_apart(monkeypatch)
                         (seen.append((image.shape, max_faces, detector)) or BOXES[:1], BOXES[:1]))
     landmarker = Landmarker([(Fixed(COORDS[0]), _meta(32, 1.25))], tta="none", detector="haar")
     blank = np.zeros((50, 60, 3), np.uint8)
-    out = landmarker.predict_batch([IMAGE, blank], [BOXES, np.zeros((0, 4))])
+    out = landmarker.predict([IMAGE, blank], [BOXES, np.zeros((0, 4))])
     assert [p.shape for p in out] == [(2, 68, 2), (0, 68, 2)] and not seen
     np.testing.assert_allclose(out[0], landmarker.predict(IMAGE, BOXES))
     np.testing.assert_allclose(landmarker.predict(IMAGE, max_faces=1), landmarker.predict(IMAGE, BOXES[:1]))
     assert seen == [(IMAGE.shape, 1, "haar")]
 
 
-def test_faces_batch_converts_and_detects_each_photo_once_and_keeps_what_passes(monkeypatch):
+def test_faces_on_a_list_converts_and_detects_each_photo_once_and_keeps_what_passes(monkeypatch):
     import pipeline.inference.landmarker as lm
 
     raw = BOXES + 1.5  # the detector's own boxes, told apart from the converted ones
@@ -135,11 +136,11 @@ def test_faces_batch_converts_and_detects_each_photo_once_and_keeps_what_passes(
     read = lm.as_photo
     monkeypatch.setattr(lm, "as_photo", lambda image, where="image": converted.append(where) or read(image, where))
     meta = {**_meta(32, 1.25), "presence": presence_stamp(0.0, 0.2)}  # every face passes
-    points, scores = Landmarker([(FlatMaps(COORDS[0]), meta)], tta="none").predict_scored(IMAGE, BOXES)
+    points, scores = Landmarker([(FlatMaps(COORDS[0]), meta)], tta="none").predict(IMAGE, BOXES, scores=True)
     landmarker = Landmarker([(FlatMaps(COORDS[0]), meta)], tta="none")
     seen.clear(), converted.clear()
     blank = np.zeros((50, 60, 3), np.uint8)
-    out = landmarker.faces_batch([IMAGE, blank], max_faces=1)
+    out = landmarker.faces([IMAGE, blank], max_faces=1)
     assert converted == ["images[0]", "images[1]"] and seen == [0, 0]  # all detections, then the largest face
     for faces in out:
         np.testing.assert_array_equal(faces.boxes, BOXES[:1])
@@ -156,12 +157,12 @@ def test_faces_batch_converts_and_detects_each_photo_once_and_keeps_what_passes(
     assert above.faces(IMAGE, BOXES, keep_all=True).detector_boxes is None  # boxes given
     # boxes given with the detector's own beside them (predict-image detects before it batches)
     seen.clear()
-    (given,) = above.faces_batch([IMAGE], [BOXES], keep_all=True, detector_boxes=[raw])
+    (given,) = above.faces([IMAGE], [BOXES], keep_all=True, detector_boxes=[raw])
     np.testing.assert_array_equal(given.detector_boxes, raw)
     np.testing.assert_array_equal(given.boxes, BOXES)
     assert not seen
     with pytest.raises(PipelineError, match="one box per box of boxes_list"):
-        above.faces_batch([IMAGE], [BOXES], detector_boxes=[raw[:1]])
+        above.faces([IMAGE], [BOXES], detector_boxes=[raw[:1]])
 
 
 def test_models_of_other_schemas_and_tta_none_with_jitter_are_refused():
@@ -218,7 +219,7 @@ def test_the_score_reads_the_views_its_threshold_was_calibrated_on():
         meta = {**_meta(32, 1.25), "presence": presence_stamp(0.5, tta=calibrated)}
         for tta in ("flip", "none"):
             points[calibrated, tta], scores[calibrated, tta] = Landmarker(
-                [(PeakMaps(COORDS[0]), meta)], tta=tta).predict_scored(IMAGE, BOXES)
+                [(PeakMaps(COORDS[0]), meta)], tta=tta).predict(IMAGE, BOXES, scores=True)
     for calibrated in ("flip", "none"):
         np.testing.assert_allclose(scores[calibrated, "none"], scores[calibrated, "flip"], atol=1e-6)
         assert np.abs(points[calibrated, "none"] - points[calibrated, "flip"]).max() > 1  # plain vs flip TTA
@@ -326,7 +327,7 @@ def test_what_cannot_be_an_image_is_one_clear_error_naming_it(image, needle):
         landmarker.predict(image, BOXES)
     assert "\n" not in str(e.value)
     with pytest.raises(PipelineError, match=r"^images\[1\]: .*" + needle):
-        landmarker.predict_batch([IMAGE, image], [BOXES, BOXES])
+        landmarker.predict([IMAGE, image], [BOXES, BOXES])
 
 
 @pytest.mark.parametrize("box, needle", [
@@ -343,14 +344,14 @@ def test_a_box_that_is_no_face_of_the_photo_is_one_clear_error_naming_it(box, ne
     garbage points or an OpenCV traceback."""
     landmarker = _colour_landmarker()
     bad = np.array([BOXES[0], box], dtype=np.float64)
-    calls = [lambda: landmarker.predict(IMAGE, bad), lambda: landmarker.predict_scored(IMAGE, bad),
+    calls = [lambda: landmarker.predict(IMAGE, bad), lambda: landmarker.predict(IMAGE, bad, scores=True),
              lambda: landmarker.faces(IMAGE, bad), lambda: landmarker.predict(IMAGE, bad[1])]
     for call, where in zip(calls, ["boxes[1]", "boxes[1]", "boxes[1]", "boxes[0]"]):
         with pytest.raises(PipelineError, match=rf"^{re.escape(where)}: {needle}") as e:
             call()
         assert "\n" not in str(e.value)
-    for call in (landmarker.predict_batch, landmarker.predict_batch_scored, landmarker.faces_batch):
-        with pytest.raises(PipelineError, match=rf"^boxes_list\[1\]\[1\]: {needle}"):
+    for call in (landmarker.predict, partial(landmarker.predict, scores=True), landmarker.faces):
+        with pytest.raises(PipelineError, match=rf"^boxes\[1\]\[1\]: {needle}"):
             call([IMAGE, IMAGE], [BOXES, bad])
 
 
@@ -368,8 +369,8 @@ def test_what_cannot_be_boxes_is_one_clear_error_naming_it(boxes, needle):
     with pytest.raises(PipelineError, match=r"^boxes: " + needle) as e:
         landmarker.predict(IMAGE, boxes)
     assert "\n" not in str(e.value)
-    with pytest.raises(PipelineError, match=r"^boxes_list\[1\]: " + needle):
-        landmarker.predict_batch([IMAGE, IMAGE], [BOXES, boxes])
+    with pytest.raises(PipelineError, match=r"^boxes\[1\]: " + needle):
+        landmarker.predict([IMAGE, IMAGE], [BOXES, boxes])
     # what is fine: one box (4,), no box (0, 4) or [], ints
     assert landmarker.predict(IMAGE, BOXES[0]).shape == (1, 68, 2)
     assert landmarker.predict(IMAGE, []).shape == (0, 68, 2)

@@ -112,8 +112,8 @@ def test_a_fold_made_from_other_inputs_trains_afresh_and_says_why(tiny_workspace
     import pandas as pd
 
     import pipeline.core.device as device
-    import pipeline.training.setup as setup_module
-    from pipeline.training.setup import trained_epochs
+    import pipeline.training.identity as setup_module
+    from pipeline.training.identity import trained_epochs
 
     ws = tiny_workspace
     cache, folds = tmp_path / "cache", tmp_path / "folds.csv"
@@ -358,7 +358,7 @@ def test_extra_faces_are_part_of_the_resume_key(tiny_workspace, extra_ws, tmp_pa
 
     import numpy as np
 
-    from pipeline.training.setup import trained_epochs
+    from pipeline.training.identity import trained_epochs
 
     ws = tiny_workspace
     cfg = load_config(None, TINY + extra_ws["sets"] + ["train.epochs=2"])

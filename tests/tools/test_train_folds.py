@@ -38,7 +38,7 @@ def test_waves_share_every_cpu_and_never_exceed_the_jobs():
 
 def test_pending_folds_are_the_missing_the_unfinished_and_those_of_other_params(tiny_workspace, tmp_path,
                                                                                   monkeypatch):
-    import pipeline.training.setup as setup_module
+    import pipeline.training.identity as setup_module
 
     ws = tiny_workspace
     cfg = load_config(None, TINY)

@@ -136,7 +136,7 @@ def test_predict_batch_equals_one_photo_at_a_time(tiny_model):
     rng = np.random.default_rng(0)
     images = [rng.integers(0, 255, (120, 150, 3), dtype=np.uint8) for _ in range(3)]
     boxes = [np.array([[20.0, 20, 60, 70], [70, 30, 50, 55]]), np.zeros((0, 4)), np.array([[10.0, 5, 90, 100]])]
-    together = landmarker.predict_batch(images, boxes)
+    together = landmarker.predict(images, boxes)
     assert [len(p) for p in together] == [2, 0, 1]
     for im, b, p in zip(images, boxes, together):
         if len(b):

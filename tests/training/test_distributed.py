@@ -66,7 +66,7 @@ def test_torchrun_two_cpu_processes(tiny_workspace, tmp_path):
     # 2 processes trained it: one process would train another model (each rank's batch, the
     # sampler's padding), so it does not take this fold as trained
     from pipeline.core.config import load_config
-    from pipeline.training.setup import trained_epochs
+    from pipeline.training.identity import trained_epochs
 
     assert trained_epochs(fold, load_config(None, SETS), ws / "cache", ws / "folds.csv") == 0
 

@@ -1,4 +1,4 @@
-"""A training's identity (pipeline/training/setup.py) changes exactly when the weights would:
+"""A training's identity (pipeline/training/identity.py) changes exactly when the weights would:
 a fold stays trained under every edit that cannot change its weights (the test split, where
 the data set lies, the params that only shape inputs hashed by content, the spelling of a
 switch) and trains afresh under every one that can (each model and train param, the DDP
@@ -21,7 +21,8 @@ from pipeline.stages.crop import run_crop, run_crop_extra
 from pipeline.stages.folds import make_folds
 from pipeline.stages.train import fit
 from pipeline.synth.layout import generate_demo
-from pipeline.training.setup import current_identity, identity_mismatch, load_fold, trained_epochs
+from pipeline.training.identity import current_identity, identity_mismatch, trained_epochs
+from pipeline.training.setup import load_fold
 
 TRAIN = ["model.input_size=32", "train.batch_size=8", "train.epochs=1", "train.warmup_epochs=1", "folds.k=2",
          "folds.train=[0,1]", "train.randaug_n=0", "train.device=cpu"]

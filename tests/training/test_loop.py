@@ -39,7 +39,7 @@ def test_a_checkpoint_from_before_a_param_existed_still_resumes():
     current config's when that param has its default: adding a param keeps runs resumable;
     a stored value that differs does not."""
     from pipeline.core.config import load_config
-    from pipeline.training.setup import _config_key
+    from pipeline.training.identity import _config_key
 
     cfg = load_config(None)
     stored = cfg.model_dump()

@@ -117,7 +117,6 @@ class _Variant:
         """(images/s, share of the time waiting for data, seconds) of n steps."""
         take = _Steps(feed, n)
         # the heap policy is process-wide: each variant runs under its own
-        assert self.setup.runtime is not None  # build_training resolves it
         keep_freed_memory(self.setup.runtime.keep_freed_memory)
         sync(self.device)
         t0 = time.perf_counter()
