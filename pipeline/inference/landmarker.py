@@ -319,13 +319,7 @@ class Landmarker:
         every face kept whatever its score (`faces` gates them)."""
         one, photos, (boxes_list,) = _one_or_many(images, boxes)
         boxes_list, _, crop = self._faces_of(photos, boxes_list, max_faces)
-        counts = [len(b) for b in boxes_list]
-        if scores:
-            out: list[Any] = self._scored_by_photo(counts, crop)
-        elif not sum(counts):
-            out = [np.zeros((0, self.schema.k, 2)) for _ in counts]
-        else:
-            out = np.split(self.predict_faces(crop), np.cumsum(counts)[:-1])
+        out = self._by_photo([len(b) for b in boxes_list], crop, scores)
         return out[0] if one else out
 
     def _faces_of(self, images: Sequence[np.ndarray | str | os.PathLike], boxes_list: Sequence[np.ndarray] | None,
@@ -339,8 +333,10 @@ class Landmarker:
             found = [self.detect(im, max_faces) for im in photos]
             boxes_list = [np.asarray(boxes, dtype=np.float64).reshape(-1, 4) for boxes, _ in found]
             detector_boxes = [raw for _, raw in found]
-        elif not hasattr(boxes_list, "__len__") or len(boxes_list) != len(photos):
-            raise PipelineError(None, f"{len(photos)} images but {len(boxes_list) if hasattr(boxes_list, '__len__') else 'no list of'} box arrays")
+        elif not hasattr(boxes_list, "__len__"):
+            raise PipelineError(None, f"{len(photos)} images need a list of box arrays, one per image", "boxes")
+        elif len(boxes_list) != len(photos):
+            raise PipelineError(None, f"{len(photos)} images but {len(boxes_list)} box arrays")
         else:
             boxes_list = [as_boxes(b, im, "boxes" if len(photos) == 1 else f"boxes[{i}]")
                           for i, (b, im) in enumerate(zip(boxes_list, photos))]
@@ -393,13 +389,17 @@ class Landmarker:
             return None
         return float(np.mean([p[key] for p, _ in scoring])) if scoring else None
 
-    def _scored_by_photo(self, counts: Sequence[int], crop: CropFn) -> list[tuple[np.ndarray, np.ndarray]]:
-        """`predict_faces` with scores of the faces `crop` cuts, split into photos of `counts` faces."""
+    def _by_photo(self, counts: Sequence[int], crop: CropFn, scores: bool) -> list[Any]:
+        """`predict_faces` of the faces `crop` cuts, split into photos of `counts` faces: each
+        photo's points (M_i, K, 2), or with `scores` (points, scores (M_i,))."""
         if not sum(counts):
-            return [(np.zeros((0, self.schema.k, 2)), np.zeros(0)) for _ in counts]
-        points, scores = self.predict_faces(crop, scores=True)
+            empty = np.zeros((0, self.schema.k, 2))
+            return [(empty, np.zeros(0)) if scores else empty for _ in counts]
         cut = np.cumsum(counts)[:-1]
-        return list(zip(np.split(points, cut), np.split(scores, cut)))
+        if not scores:
+            return np.split(self.predict_faces(crop), cut)
+        points, face_scores = self.predict_faces(crop, scores=True)
+        return list(zip(np.split(points, cut), np.split(face_scores, cut)))
 
     def faces(self, images: Photo | Sequence[Photo], boxes: Any = None, *, max_faces: int = 0,
               keep_all: bool = False, detector_boxes: Any = None) -> Any:
@@ -414,7 +414,7 @@ class Landmarker:
         threshold = self.presence_threshold
         out = []
         for boxes_i, raw, (points, scores) in zip(boxes_list, raw_list,
-                                                  self._scored_by_photo([len(b) for b in boxes_list], crop)):
+                                                  self._by_photo([len(b) for b in boxes_list], crop, scores=True)):
             keep, face = select_faces(scores, threshold, max_faces, keep_all)
             out.append(Faces(boxes_i[keep], points[keep], scores[keep], face, None if raw is None else raw[keep],
                              int((~is_face(scores, threshold)).sum())))

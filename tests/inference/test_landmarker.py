@@ -371,6 +371,8 @@ def test_what_cannot_be_boxes_is_one_clear_error_naming_it(boxes, needle):
     assert "\n" not in str(e.value)
     with pytest.raises(PipelineError, match=r"^boxes\[1\]: " + needle):
         landmarker.predict([IMAGE, IMAGE], [BOXES, boxes])
+    with pytest.raises(PipelineError, match=r"^boxes: 2 images need a list of box arrays"):
+        landmarker.predict([IMAGE, IMAGE], 5)
     # what is fine: one box (4,), no box (0, 4) or [], ints
     assert landmarker.predict(IMAGE, BOXES[0]).shape == (1, 68, 2)
     assert landmarker.predict(IMAGE, []).shape == (0, 68, 2)
